@@ -1,0 +1,221 @@
+"""Build the tiny recipe's shipped assets: a synthetic corpus, a BPE tokenizer and a tiny Llama config.
+
+Everything is generated here (nothing downloaded) so tests and the tiny recipe run offline, and every
+output is deterministic: re-running this script must reproduce the committed files byte for byte.
+
+    python assets/tiny/build_assets.py
+"""
+
+from __future__ import annotations
+
+import os
+
+# The BPE trainer counts pairs in parallel; one thread keeps tie-breaking (and so the merges) stable.
+os.environ["RAYON_NUM_THREADS"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import LlamaConfig, PreTrainedTokenizerFast  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CORPUS_DIR = HERE / "corpus"
+MODEL_DIR = HERE / "model"
+TRAIN_BYTES = 1_500_000
+VALIDATION_BYTES = 100_000
+VOCAB_SIZE = 1024
+SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
+
+ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen \
+sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+NAMES = """anna ben clara david emma felix grace henry iris jack kate leo mia noah olive paul rosa sam tom
+lucy max nora oscar ruby simon tara victor wendy adam bella carlos daisy ethan fiona george hannah isaac
+julia kevin laura martin nina peter quinn rachel steven ursula walter yvonne zoe""".split()
+ADJECTIVES = """big small quick slow lazy happy sleepy brave quiet loud old young clever hungry tired gentle
+curious friendly tiny huge funny shy proud busy calm angry silly wise""".split()
+COLORS = "red blue green yellow brown black white grey orange purple".split()
+ANIMALS = {  # animal -> (legs, sound, home): fixed facts the model can learn
+    "dog": (4, "woof", "kennel"), "cat": (4, "meow", "house"), "cow": (4, "moo", "barn"),
+    "fox": (4, "yip", "den"), "bird": (2, "tweet", "nest"), "duck": (2, "quack", "pond"),
+    "owl": (2, "hoot", "tree"), "spider": (8, "nothing", "web"), "fish": (0, "nothing", "river"),
+    "horse": (4, "neigh", "stable"), "sheep": (4, "baa", "field"), "frog": (4, "croak", "pond"),
+}
+MOVES = "jumps over|runs past|looks at|sleeps next to|walks around|plays with|hides behind".split("|")
+THINGS = {"apple": "red", "banana": "yellow", "leaf": "green", "sky": "blue", "snow": "white",
+          "coal": "black", "carrot": "orange", "grape": "purple", "cloud": "grey", "bark": "brown"}
+WEEK = "monday tuesday wednesday thursday friday saturday sunday".split()
+PLACES = """the park|the market|school|the beach|the library|the farm|the river|the museum|the garden
+|the station|the bakery|the hospital|the cinema|the mountains|the forest|the harbor|the zoo""".replace("\n", "").split("|")
+JOBS = {  # job -> workplace: fixed facts
+    "teacher": "school", "doctor": "hospital", "baker": "bakery", "farmer": "farm", "pilot": "airport",
+    "chef": "kitchen", "nurse": "hospital", "librarian": "library", "sailor": "harbor", "painter": "studio",
+    "gardener": "garden", "driver": "garage", "singer": "theater", "judge": "court", "banker": "bank",
+}
+OBJECTS = """umbrella kite bicycle lamp basket ladder hammer blanket bottle candle wallet guitar violin
+drum puzzle camera window pillow jacket sweater helmet compass map ticket letter envelope notebook
+teapot kettle spoon mirror clock statue painting feather shell pebble rocket robot wagon sandwich
+cookie pie cake muffin pancake orange lemon cherry peach pear melon potato tomato onion""".split()
+VERBS = "finds|buys|sees|carries|paints|cleans|drops|wants|borrows|repairs|hides|sells".split("|")
+
+
+def num(n: int) -> str:
+    """English words for 0..99."""
+    if n < 20:
+        return ONES[n]
+    tens, ones = divmod(n, 10)
+    return TENS[tens] if ones == 0 else f"{TENS[tens]} {ONES[ones]}"
+
+
+def plural(word: str, n: int) -> str:
+    return word if n == 1 else ("sheep" if word == "sheep" else "fish" if word == "fish" else word + "s")
+
+
+def scene(r: random.Random) -> str:
+    a, b = r.sample(sorted(ANIMALS), 2)
+    return f"the {r.choice(ADJECTIVES)} {r.choice(COLORS)} {a} {r.choice(MOVES)} the {r.choice(ADJECTIVES)} {b}."
+
+
+def animal_fact(r: random.Random) -> str:
+    a = r.choice(sorted(ANIMALS))
+    legs, sound, home = ANIMALS[a]
+    return r.choice([
+        f"{article(a)} has {num(legs)} legs.",
+        f"the {a} says {sound}." if sound != "nothing" else f"the {a} says nothing.",
+        f"the {a} lives in the {home}.",
+        f"{article(a)} has {num(legs)} legs and lives in the {home}.",
+    ])
+
+
+def color_fact(r: random.Random) -> str:
+    thing = r.choice(sorted(THINGS))
+    return f"the {thing} is {THINGS[thing]}."
+
+
+def arithmetic(r: random.Random) -> str:
+    op = r.choice(["plus", "minus", "times"])
+    if op == "plus":
+        a, b = r.randint(0, 20), r.randint(0, 20)
+        c = a + b
+    elif op == "minus":
+        a = r.randint(0, 20)
+        b = r.randint(0, a)
+        c = a - b
+    else:
+        a, b = r.randint(0, 9), r.randint(0, 9)
+        c = a * b
+    return f"{num(a)} {op} {num(b)} is {num(c)}."
+
+
+def counting(r: random.Random) -> str:
+    start = r.randint(0, 80)
+    end = min(99, start + r.randint(3, 12))
+    step = r.choice([1, 1, 1, 2])
+    seq = ", ".join(num(i) for i in range(start, end + 1, step))
+    by = "" if step == 1 else " by twos"
+    return f"{r.choice(NAMES)} counts{by} from {num(start)}: {seq}."
+
+
+def days(r: random.Random) -> str:
+    i = r.randrange(7)
+    return r.choice([
+        f"after {WEEK[i]} comes {WEEK[(i + 1) % 7]}.",
+        f"before {WEEK[i]} comes {WEEK[i - 1]}.",
+        f"on {WEEK[i]} {r.choice(NAMES)} goes to {r.choice(PLACES)}.",
+    ])
+
+
+def story(r: random.Random) -> str:
+    """A small exchange whose final counts follow from the first two sentences."""
+    x, y = r.sample(NAMES, 2)
+    thing = r.choice(["apple", "banana", "carrot", "grape", "book", "ball", "coin", "pencil"])
+    have = r.randint(2, 15)
+    give = r.randint(1, have)
+    return (f"{x} has {num(have)} {plural(thing, have)}. {x} gives {num(give)} to {y}. "
+            f"now {x} has {num(have - give)} {plural(thing, have - give)} and {y} has {num(give)} "
+            f"{plural(thing, give)}.")
+
+
+def article(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def errand(r: random.Random) -> str:
+    adj, obj = r.choice(ADJECTIVES + COLORS), r.choice(OBJECTS)
+    return f"{r.choice(NAMES)} {r.choice(VERBS)} {article(adj)} {obj} at {r.choice(PLACES)}."
+
+
+def job(r: random.Random) -> str:
+    j = r.choice(sorted(JOBS))
+    return r.choice([
+        f"{r.choice(NAMES)} is {article(j)} and works at the {JOBS[j]}.",
+        f"the {j} works at the {JOBS[j]}.",
+        f"every {WEEK[r.randrange(5)]} the {j} goes to the {JOBS[j]}.",
+    ])
+
+
+SENTENCES = [(scene, 3), (animal_fact, 3), (color_fact, 2), (arithmetic, 3), (counting, 1), (days, 2),
+             (story, 1), (errand, 3), (job, 2)]
+
+
+def paragraph(r: random.Random) -> str:
+    makers, weights = zip(*SENTENCES)
+    return " ".join(f(r) for f in r.choices(makers, weights, k=r.randint(3, 8)))
+
+
+def write_corpus(path: Path, seed: int, n_bytes: int) -> None:
+    r = random.Random(seed)
+    lines, size = [], 0
+    while size < n_bytes:
+        line = paragraph(r)
+        lines.append(line)
+        size += len(line) + 1
+    path.write_text("\n".join(lines) + "\n", encoding="ascii", newline="\n")
+
+
+def build_tokenizer(train_path: Path) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(train_path)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+def main() -> None:
+    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    train_path = CORPUS_DIR / "train.txt"
+    write_corpus(train_path, seed=1234, n_bytes=TRAIN_BYTES)
+    write_corpus(CORPUS_DIR / "validation.txt", seed=5678, n_bytes=VALIDATION_BYTES)
+
+    tokenizer = build_tokenizer(train_path)
+    tokenizer.save_pretrained(MODEL_DIR)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config.save_pretrained(MODEL_DIR)
+    print(f"wrote {CORPUS_DIR} and {MODEL_DIR} (vocab {len(tokenizer)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""Validate any ds_config (ours or a user's) and report every finding at once, each naming the fix.
+
+DeepSpeed itself ignores unknown top-level keys and drops `"auto"` values it does not understand,
+so a typo or a copied template can silently train with defaults. We check the whole tree: our own
+table for top-level keys and small blocks, DeepSpeed's own pydantic models for the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from hf_zero3.ds_config import BRIDGE_FILLED_KEYS, OFFLOADED_OPTIMIZER_BLOCK
+
+KNOWN_TOP_LEVEL_KEYS = frozenset(
+    """
+    train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps optimizer scheduler
+    communication_data_type seq_parallel_communication_data_type prescale_gradients gradient_predivide_factor
+    gradient_allreduce_op sparse_gradients fp16 bf16 bfloat16 amp torch_autocast gradient_clipping
+    zero_optimization zero_allow_untested_optimizer zero_force_ds_cpu_optimizer aio activation_checkpointing
+    steps_per_print wall_clock_breakdown memory_breakdown dump_state flops_profiler tensorboard csv_monitor
+    wandb comet comms_logger elasticity autotuning sparse_attention data_efficiency curriculum_learning
+    compression_training checkpoint data_types pipeline disable_allgather dataloader_drop_last eigenvalue
+    progressive_layer_drop quantize_training nebula timers compile hybrid_engine weight_quantization
+    tensor_parallel sequence_parallel_size expert_parallel graph_harvesting use_data_before_expert_parallelism
+    log_level disable_python_gc managed_gradient_accumulation mics_shard_size mics_hierarchical_params_gather
+    vocabulary_size
+    """.split()
+)
+"""Top-level keys DeepSpeed 0.19 reads (runtime/config.py, constants.py and the feature configs)."""
+
+SMALL_BLOCK_KEYS = {
+    "optimizer": {"type", "params", "legacy_fusion"},
+    "scheduler": {"type", "params"},
+    "aio": {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
+            "overlap_events", "use_gds"},
+    "activation_checkpointing": {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                                 "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
+}
+
+POSITIVE_KEYS = frozenset(
+    {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.sub_group_size", "zero_optimization.stage3_max_live_parameters",
+        "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_param.buffer_count",
+        "zero_optimization.offload_optimizer.buffer_count", "aio.block_size", "aio.queue_depth",
+        "aio.intra_op_parallelism",
+    }
+)
+NON_NEGATIVE_KEYS = frozenset(
+    {
+        "gradient_clipping", "zero_optimization.stage3_prefetch_bucket_size",
+        "zero_optimization.stage3_param_persistence_threshold", "zero_optimization.stage3_max_reuse_distance",
+        "zero_optimization.offload_param.max_in_cpu",
+    }
+)
+
+Level = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem or note about a config: where (dotted key), what, and the fix."""
+
+    level: Level
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.key}: " if self.key else ""
+        return f"{self.level.upper():7} {where}{self.message}"
+
+
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a ds_config JSON file; a clear error for a missing or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ds_config {path} not found: pass the path of a DeepSpeed JSON config")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object at the top level, not {type(config).__name__}")
+    return config
+
+
+def check_ds_config(
+    config: dict[str, Any],
+    *,
+    world_size: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    device: Literal["cpu", "cuda"] | None = None,
+) -> list[Finding]:
+    """Every finding about `config`; `device=None` skips device-specific checks."""
+    findings: list[Finding] = []
+    findings += _unknown_and_invalid(config)
+    findings += _sizes(config)
+    findings += _autos(config)
+    findings += _batch(config, world_size, micro_batch, grad_accum)
+    findings += _precision(config, device)
+    findings += _zero(config)
+    # One finding per key and level: our own message wins over DeepSpeed's generic one.
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for f in findings:
+        if (f.key, f.level) not in seen:
+            seen.add((f.key, f.level))
+            unique.append(f)
+    return unique
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.level == "error" for f in findings)
+
+
+def _get(config: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _leaves(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else key)
+    else:
+        yield prefix, node
+
+
+def _did_you_mean(key: str, candidates) -> str:
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _unknown_and_invalid(config: dict) -> list[Finding]:
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    findings = []
+    for key in config:
+        if key not in KNOWN_TOP_LEVEL_KEYS:
+            findings.append(Finding("error", key, "unknown top-level key (DeepSpeed ignores it silently)"
+                                    f"{_did_you_mean(key, KNOWN_TOP_LEVEL_KEYS)} Remove or rename it."))
+    for block, allowed in SMALL_BLOCK_KEYS.items():
+        value = config.get(block)
+        if isinstance(value, dict):
+            for key in value:
+                if key not in allowed:
+                    findings.append(Finding("error", f"{block}.{key}", f"unknown key in '{block}'"
+                                            f"{_did_you_mean(key, allowed)} Allowed: {', '.join(sorted(allowed))}."))
+    for block, model in (("zero_optimization", DeepSpeedZeroConfig), ("fp16", DeepSpeedFP16Config),
+                         ("bf16", DeepSpeedBF16Config)):
+        value = config.get(block)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            findings.append(Finding("error", block, f"must be a JSON object, not {value!r}"))
+            continue
+        findings += _validate_with(model, block, value)
+    return findings
+
+
+def _validate_with(model: type[BaseModel], block: str, value: dict) -> list[Finding]:
+    """Run a DeepSpeed pydantic model over a block; unfilled "auto" values are reported elsewhere."""
+    stage = value.get("stage") if block == "zero_optimization" else None
+    data = {k: v for k, v in value.items() if not (block == "zero_optimization" and k == "stage")}
+    if stage is not None and stage not in (0, 1, 2, 3):
+        findings = [Finding("error", f"{block}.stage", f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}): "
+                                                       "use 3 to partition params, grads and optimizer states")]
+    else:
+        findings = []
+        if stage is not None:
+            data["stage"] = stage
+    try:
+        model(**data)
+    except ValidationError as e:
+        names = _field_names(model)
+        for err in e.errors():
+            key = ".".join([block, *map(str, err["loc"])])
+            if err["type"] == "extra_forbidden":
+                leaf = str(err["loc"][-1])
+                findings.append(Finding("error", key, f"unknown key (DeepSpeed rejects it at start-up)"
+                                                      f"{_did_you_mean(leaf, names)} Remove or rename it."))
+            else:
+                findings.append(Finding("error", key, f"invalid value {err.get('input')!r}: {err['msg']}"))
+    return findings
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        names.add(field.alias or name)
+        annotation = getattr(field.annotation, "__args__", (field.annotation,))
+        for sub in annotation:
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                names |= _field_names(sub)
+    return names
+
+
+def _sizes(config: dict) -> list[Finding]:
+    findings = []
+    for key, value in _leaves(config):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key in POSITIVE_KEYS and value <= 0:
+            findings.append(Finding("error", key, f"must be a positive number (got {value}): "
+                                                  "set a value > 0 or 'auto' where the Trainer fills it"))
+        elif key in NON_NEGATIVE_KEYS and value < 0:
+            findings.append(Finding("error", key, f"must be >= 0 (got {value})"))
+    return findings
+
+
+def _autos(config: dict) -> list[Finding]:
+    findings = []
+    for key, value in _leaves(config):
+        if value == "auto" and key not in BRIDGE_FILLED_KEYS:
+            findings.append(Finding("error", key, "'auto' here is filled by nobody: DeepSpeed drops it silently "
+                                                  "and uses its own default. Write an explicit value. ('auto' is "
+                                                  "filled by the HF Trainer only for: "
+                                                  f"{', '.join(sorted(BRIDGE_FILLED_KEYS))})"))
+    return findings
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: int | None) -> list[Finding]:
+    findings = []
+    total = _int_or_none(config.get("train_batch_size"))
+    micro = _int_or_none(config.get("train_micro_batch_size_per_gpu"))
+    accum = _int_or_none(config.get("gradient_accumulation_steps"))
+    for key, in_config, given, flag in (("train_micro_batch_size_per_gpu", micro, micro_arg, "--micro-batch"),
+                                        ("gradient_accumulation_steps", accum, accum_arg, "--grad-accum")):
+        if in_config is not None and given is not None and in_config != given:
+            findings.append(Finding("error", key, f"the config says {in_config} but {flag} is {given}: "
+                                                  f"make them equal or set {key} to 'auto'"))
+    micro = micro if micro is not None else micro_arg
+    accum = accum if accum is not None else accum_arg
+    if any(v is not None and v <= 0 for v in (total, micro, accum, world)):
+        return findings  # reported by _sizes / argument parsing
+    if total is not None and micro is not None and accum is not None:
+        if world is not None and total != micro * accum * world:
+            findings.append(Finding("error", "train_batch_size",
+                                    f"{total} != micro batch {micro} x accumulation {accum} x world size {world} "
+                                    f"= {micro * accum * world}: set train_batch_size to {micro * accum * world} "
+                                    "or to 'auto'"))
+        elif world is None and total % (micro * accum):
+            findings.append(Finding("error", "train_batch_size",
+                                    f"{total} is not a multiple of micro batch {micro} x accumulation {accum}: "
+                                    "no world size fits; set it to 'auto'"))
+        elif world is None:
+            findings.append(Finding("info", "train_batch_size",
+                                    f"implies world size {total // (micro * accum)} (= {total} / {micro} / {accum})"))
+    elif world is not None and total is not None:
+        if micro is not None:
+            known, name, other, other_name = micro, "micro batch", "gradient_accumulation_steps", "accumulation"
+        else:
+            known, name, other, other_name = accum, "accumulation", "train_micro_batch_size_per_gpu", "micro batch"
+        if known is None:
+            findings.append(Finding("info", "train_batch_size",
+                                    f"DeepSpeed will use accumulation 1 and micro batch {total} / {world}"
+                                    + ("" if total % world == 0 else f": {total} is not divisible by world size "
+                                       f"{world}; fix train_batch_size")))
+        elif total % (known * world):
+            findings.append(Finding("error", "train_batch_size",
+                                    f"{total} is not divisible by {name} {known} x world size {world}: "
+                                    f"change train_batch_size or {other}"))
+        else:
+            implied = total // (known * world)
+            findings.append(Finding("info", other, f"{other_name} = {implied} is implied ({total} / {known} / {world}):"
+                                                   f" set {other} to {implied} (or pass the same TrainingArguments)"))
+    elif total is not None and world is None and (micro is None or accum is None):
+        findings.append(Finding("info", "train_batch_size",
+                                "the micro batch / accumulation it implies depend on the world size: "
+                                "pass --world-size to check the batch math"))
+    return findings
+
+
+def _enabled(config: dict, block: str) -> bool:
+    return _get(config, f"{block}.enabled") is True
+
+
+def _precision(config: dict, device: str | None) -> list[Finding]:
+    findings = []
+    if _enabled(config, "fp16") and (_enabled(config, "bf16") or _enabled(config, "bfloat16")):
+        findings.append(Finding("error", "fp16.enabled", "fp16 and bf16 are both enabled: keep one "
+                                                         "(bf16 on Ampere/Hopper, fp16 on V100/T4)"))
+    if _enabled(config, "fp16"):
+        if device == "cpu":
+            findings.append(Finding("error", "fp16.enabled", "fp16 is not supported on CPU: set fp16.enabled "
+                                                             "false (fp32) or use bf16"))
+        findings.append(Finding("warning", "fp16.enabled",
+                                "on Ampere/Hopper GPUs (A100, H100, H200) prefer bf16: same speed, no loss "
+                                "scaling and no skipped overflow steps. Set bf16.enabled true and drop fp16 "
+                                "(keep fp16 only for GPUs without bf16: V100, T4)"))
+    return findings
+
+
+def _zero(config: dict) -> list[Finding]:
+    findings = []
+    stage = _get(config, "zero_optimization.stage", 0)
+    param_device = _get(config, "zero_optimization.offload_param.device", "none")
+    opt_device = _get(config, "zero_optimization.offload_optimizer.device", "none")
+    if param_device not in ("none", None) and stage in (0, 1, 2):
+        findings.append(Finding("error", "zero_optimization.offload_param",
+                                f"parameter offload needs ZeRO stage 3 (stage is {stage}): set "
+                                "zero_optimization.stage to 3 or remove offload_param"))
+    if opt_device not in ("none", None) and "optimizer" not in config:
+        findings.append(Finding("error", "optimizer",
+                                "the optimizer is offloaded but there is no optimizer block: the Trainer then "
+                                "passes torch AdamW, which DeepSpeed refuses with ZeRO-Offload (or runs slowly "
+                                "on CPU). Add " + json.dumps({"optimizer": OFFLOADED_OPTIMIZER_BLOCK})
+                                + " (hf-zero3 config new does)"))
+    for which, device in (("offload_param", param_device), ("offload_optimizer", opt_device)):
+        if device == "nvme":
+            findings += _nvme_path(f"zero_optimization.{which}.nvme_path",
+                                   _get(config, f"zero_optimization.{which}.nvme_path"))
+    if isinstance(config.get("activation_checkpointing"), dict):
+        findings.append(Finding("warning", "activation_checkpointing",
+                                "this block (partition_activations, cpu_checkpointing, ...) only configures "
+                                "deepspeed.checkpointing.checkpoint, which HF models never call: it does nothing. "
+                                "Remove it and set TrainingArguments gradient_checkpointing: true with "
+                                "gradient_checkpointing_kwargs: {use_reentrant: false}"))
+    gather = _get(config, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                  _get(config, "zero_optimization.stage3_gather_fp16_weights_on_model_save", False))
+    if stage == 3 and gather is not True:
+        findings.append(Finding("warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "is off: Trainer.save_model() then writes no usable weights, only ZeRO shards "
+                                "(recoverable with zero_to_fp32.py). Set it to true"))
+    return findings
+
+
+def _nvme_path(key: str, path: Any) -> list[Finding]:
+    if not path:
+        return [Finding("error", key, "NVMe offload needs nvme_path: a directory on a fast local NVMe mount")]
+    if not os.path.isdir(path):
+        return [Finding("error", key, f"{path} does not exist on this machine: create it "
+                                      f"(mkdir -p {path}) on every node or point nvme_path at a mounted NVMe dir")]
+    if not os.access(path, os.W_OK | os.X_OK):
+        return [Finding("error", key, f"{path} is not writable by this user: fix its permissions "
+                                      f"(chown/chmod) or pick another directory")]
+    return []

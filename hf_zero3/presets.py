@@ -1,0 +1,76 @@
+"""Named specs behind every committed config: `ds_configs/*.json` and `recipes/<name>/ds_config.json`.
+
+`make configs` writes them all from here through `build_ds_config`; a test regenerates them and fails
+on any difference, so no committed JSON is ever edited by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hf_zero3.ds_config import build_ds_config
+from hf_zero3.spec import OptimizerOffload, ParamOffload, ZeroSpec
+
+NVME_PLACEHOLDER = "/local_nvme"
+"""Where the NVMe configs offload to; edit it (or use `hf-zero3 config new --nvme-path`)."""
+
+STANDALONE_CONFIGS: dict[str, ZeroSpec] = {
+    # ZeRO-3, bf16: the default for Ampere/Hopper GPUs.
+    "zero3": ZeroSpec(precision="bf16"),
+    # ZeRO-3 following TrainingArguments' --bf16/--fp16 (the stock HF template, all "auto").
+    "zero3_auto": ZeroSpec(precision="auto"),
+    # ZeRO-3, fp16 with dynamic loss scaling: V100/T4 and other GPUs without bf16.
+    "zero3_fp16": ZeroSpec(precision="fp16"),
+    # ZeRO-2, bf16: models whose bf16 params and grads fit on every GPU; faster than ZeRO-3.
+    "zero2": ZeroSpec(stage=2, precision="bf16"),
+    # ZeRO-3 + optimizer states in host RAM (DeepSpeedCPUAdam).
+    "zero3_offload_optimizer": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu")),
+    # ZeRO-3 + optimizer and params in host RAM: the largest model per GPU short of NVMe.
+    "zero3_offload_all": ZeroSpec(
+        precision="bf16",
+        offload_optimizer=OptimizerOffload(device="cpu"),
+        offload_param=ParamOffload(device="cpu"),
+        sub_group_size=100_000_000,
+    ),
+    # ZeRO-3 + optimizer and params on a local NVMe mount (ZeRO-Infinity).
+    "zero3_nvme": ZeroSpec(
+        precision="bf16",
+        offload_optimizer=OptimizerOffload(device="nvme", nvme_path=NVME_PLACEHOLDER),
+        offload_param=ParamOffload(device="nvme", nvme_path=NVME_PLACEHOLDER),
+        sub_group_size=100_000_000,
+    ),
+}
+
+RECIPE_CONFIGS: dict[str, ZeroSpec] = {
+    # Runs on a laptop CPU (fp32, gloo) and on GPUs (pass --bf16 true): precision follows TrainingArguments.
+    "tiny": ZeroSpec(precision="auto"),
+}
+
+
+def generated_files(root: Path) -> dict[Path, dict]:
+    """Every committed config path under `root`, with the dict it must hold."""
+    files = {root / "ds_configs" / f"{name}.json": build_ds_config(spec) for name, spec in STANDALONE_CONFIGS.items()}
+    for name, spec in RECIPE_CONFIGS.items():
+        files[root / "recipes" / name / "ds_config.json"] = build_ds_config(spec)
+    return files
+
+
+def render(config: dict) -> str:
+    """The canonical JSON text of a config (what is committed)."""
+    return json.dumps(config, indent=2) + "\n"
+
+
+def write_configs(root: Path) -> list[Path]:
+    """Write every generated config; returns the paths written."""
+    written = []
+    for path, config in generated_files(root).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(config))
+        written.append(path)
+    return written
+
+
+def stale_configs(root: Path) -> list[Path]:
+    """Committed configs that differ from what the generator writes (or are missing)."""
+    return [p for p, c in generated_files(root).items() if not p.exists() or p.read_text() != render(c)]

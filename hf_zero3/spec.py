@@ -1,0 +1,158 @@
+"""The user's intent for DeepSpeed, as strict pydantic models.
+
+These models are the only input of `build_ds_config`. They are strict on purpose: a typo in a
+field name is an error (`extra="forbid"`), never a setting that silently does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Auto = Literal["auto"]
+"""Placeholder that transformers' DeepSpeed bridge replaces with a TrainingArguments value."""
+
+PositiveIntOrAuto = Union[Auto, int]
+
+
+class Strict(BaseModel):
+    """Base for every spec model: unknown fields are errors, field docstrings are the docs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class Fp16Scaling(Strict):
+    """Loss-scaling knobs of fp16 training (DeepSpeed's `fp16` block)."""
+
+    loss_scale: float = Field(0.0, ge=0)
+    """0 selects dynamic loss scaling; a positive number fixes the scale."""
+    initial_scale_power: int = Field(16, ge=0, le=32)
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = Field(1000, ge=1)
+    """Steps without overflow before the scale is raised."""
+    hysteresis: int = Field(2, ge=1)
+    """Overflows tolerated before the scale is lowered."""
+    min_loss_scale: float = Field(1.0, gt=0)
+    """Floor of the dynamic scale."""
+
+
+class OptimizerOffload(Strict):
+    """Where the fp32 master weights and Adam states live (`zero_optimization.offload_optimizer`)."""
+
+    device: Literal["none", "cpu", "nvme"] = "none"
+    """"none" keeps them on the GPU; "cpu" in host RAM (DeepSpeedCPUAdam steps there); "nvme" on disk."""
+    nvme_path: str | None = None
+    """Directory on a fast local NVMe mount; required when device is "nvme"."""
+    pin_memory: bool = True
+    """Page-locked host buffers: faster host<->GPU copies, but the RAM cannot be swapped."""
+    buffer_count: int = Field(4, ge=1)
+    """Swap buffers for NVMe offload (DeepSpeed's default: 4)."""
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self) -> OptimizerOffload:
+        if self.device == "nvme" and not self.nvme_path:
+            raise ValueError('device "nvme" needs nvme_path: a directory on a local NVMe mount')
+        return self
+
+
+class ParamOffload(OptimizerOffload):
+    """Where the 16-bit parameters live between uses (`zero_optimization.offload_param`, ZeRO-3 only)."""
+
+    buffer_count: int = Field(5, ge=1)
+    """Swap buffers for NVMe offload (DeepSpeed's default: 5)."""
+    buffer_size: int = Field(100_000_000, ge=1)
+    """Elements per NVMe swap buffer; must hold the largest parameter (e.g. the embedding)."""
+    max_in_cpu: int = Field(1_000_000_000, ge=0)
+    """Parameter elements kept in host RAM when offloading to NVMe."""
+
+
+class AioSpec(Strict):
+    """Asynchronous I/O settings for NVMe offload (DeepSpeed's `aio` block)."""
+
+    block_size: int = Field(1_048_576, ge=4096)
+    queue_depth: int = Field(8, ge=1)
+    intra_op_parallelism: int = Field(1, ge=1)
+    single_submit: bool = False
+    overlap_events: bool = True
+
+
+class ZeroSpec(Strict):
+    """What a user wants from DeepSpeed ZeRO; `build_ds_config` turns it into a ds_config dict."""
+
+    stage: int = Field(3, ge=0, le=3)
+    """ZeRO stage: 1 partitions optimizer states, 2 adds gradients, 3 adds parameters."""
+    precision: Literal["bf16", "fp16", "fp32", "auto"] = "bf16"
+    """Training precision. "auto" follows TrainingArguments' --bf16/--fp16 (the stock HF template)."""
+    fp16: Fp16Scaling = Fp16Scaling()
+    """Loss scaling, used only when precision is "fp16"."""
+    offload_optimizer: OptimizerOffload = OptimizerOffload()
+    """Offload of optimizer states (stage 1-3)."""
+    offload_param: ParamOffload = ParamOffload()
+    """Offload of parameters (stage 3 only)."""
+    aio: AioSpec = AioSpec()
+    """Async I/O settings, written only when something is offloaded to NVMe."""
+    overlap_comm: bool = True
+    """Overlap gradient reduction with the backward pass."""
+    contiguous_gradients: bool = True
+    """Copy gradients into one contiguous buffer as they are produced (less fragmentation)."""
+    reduce_bucket_size: PositiveIntOrAuto = "auto"
+    """Elements reduced at once; "auto" lets the HF bridge pick hidden_size**2."""
+    allgather_bucket_size: int = Field(500_000_000, ge=1)
+    """Elements all-gathered at once (stages 1-2)."""
+    prefetch_bucket_size: PositiveIntOrAuto = "auto"
+    """ZeRO-3: parameter elements fetched ahead; "auto" = 0.9 * hidden_size**2."""
+    param_persistence_threshold: PositiveIntOrAuto = "auto"
+    """ZeRO-3: parameters smaller than this stay whole on every GPU; "auto" = 10 * hidden_size."""
+    max_live_parameters: int = Field(1_000_000_000, ge=1)
+    """ZeRO-3: most parameter elements gathered at once (caps peak memory)."""
+    max_reuse_distance: int = Field(1_000_000_000, ge=0)
+    """ZeRO-3: keep a gathered parameter if it is reused within this many elements."""
+    sub_group_size: int = Field(1_000_000_000, ge=1)
+    """ZeRO-3: optimizer step granularity in elements (smaller = less peak memory with offload)."""
+    gradient_clipping: Union[Auto, float] = "auto"
+    """Max gradient norm; "auto" follows TrainingArguments.max_grad_norm."""
+    micro_batch_size: PositiveIntOrAuto = "auto"
+    """Per-GPU batch; "auto" follows --per_device_train_batch_size."""
+    gradient_accumulation_steps: PositiveIntOrAuto = "auto"
+    """Micro-batches per optimizer step; "auto" follows --gradient_accumulation_steps."""
+    global_batch_size: PositiveIntOrAuto = "auto"
+    """train_batch_size = micro x accumulation x world size; "auto" lets the bridge compute it."""
+    activation_checkpointing: bool = False
+    """Recompute activations in backward. For HF models this is TrainingArguments.gradient_checkpointing,
+    not DeepSpeed's activation_checkpointing block (which HF models never call)."""
+    wall_clock_breakdown: bool = False
+    """DeepSpeed times forward/backward/step and all-gathers (costs a sync per timer)."""
+    gather_16bit_weights_on_save: bool = True
+    """ZeRO-3: gather full 16-bit weights when saving, so checkpoints hold loadable weights."""
+    steps_per_print: int = Field(2000, ge=1)
+    """DeepSpeed's own progress print interval (our callbacks do the logging)."""
+    extra: dict[str, Any] = {}
+    """Top-level DeepSpeed blocks the spec does not model (e.g. flops_profiler), copied verbatim."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ZeroSpec:
+        problems = []
+        if self.offload_param.device != "none" and self.stage != 3:
+            problems.append(f"offload_param needs stage 3 (stage is {self.stage}): set stage 3 or drop it")
+        if self.offload_optimizer.device != "none" and self.stage == 0:
+            problems.append("offload_optimizer needs ZeRO stage 1, 2 or 3: set stage 3")
+        for name in ("gradient_clipping",):
+            value = getattr(self, name)
+            if value != "auto" and value < 0:
+                problems.append(f"{name} must be >= 0 or 'auto'")
+        for name in ("reduce_bucket_size", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size"):
+            value = getattr(self, name)
+            if value != "auto" and value < 1:
+                problems.append(f"{name} must be a positive integer or 'auto' (got {value})")
+        for name in ("prefetch_bucket_size", "param_persistence_threshold"):
+            value = getattr(self, name)
+            if value != "auto" and value < 0:
+                problems.append(f"{name} must be >= 0 or 'auto' (got {value})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def offloads_to_nvme(self) -> bool:
+        return "nvme" in (self.offload_optimizer.device, self.offload_param.device)
