@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -102,8 +103,8 @@ def check_ds_config(
 ) -> list[Finding]:
     """Every finding about `config`; `device=None` skips device-specific checks."""
     findings: list[Finding] = []
-    findings += _unknown_and_invalid(config)
     findings += _sizes(config)
+    findings += _unknown_and_invalid(config)
     findings += _autos(config)
     findings += _batch(config, world_size, micro_batch, grad_accum)
     findings += _precision(config, device)
@@ -349,7 +350,16 @@ def _nvme_path(key: str, path: Any) -> list[Finding]:
     if not os.path.isdir(path):
         return [Finding("error", key, f"{path} does not exist on this machine: create it "
                                       f"(mkdir -p {path}) on every node or point nvme_path at a mounted NVMe dir")]
-    if not os.access(path, os.W_OK | os.X_OK):
+    if not _writable(path):
         return [Finding("error", key, f"{path} is not writable by this user: fix its permissions "
                                       f"(chown/chmod) or pick another directory")]
     return []
+
+
+def _writable(directory: str) -> bool:
+    """Try a real write: os.access says yes to root even on read-only or pseudo file systems."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,11 @@
+"""TrainerCallbacks, one per file; usable alone with any `transformers.Trainer` (`trainer.add_callback`)."""
+
+from hf_zero3.callbacks.jsonl_log import JsonlLogCallback
+
+
+def default_callbacks() -> list:
+    """The callbacks `hf-zero3 train` adds to every run."""
+    return [JsonlLogCallback()]
+
+
+__all__ = ["JsonlLogCallback", "default_callbacks"]

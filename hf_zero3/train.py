@@ -1,0 +1,267 @@
+"""`hf-zero3 train CONFIG.yaml [--key value ...]` (also `python -m hf_zero3.train`): the stock Trainer, set up right.
+
+One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments); strict YAML; CLI overrides
+on top. TrainingArguments (and with it the DeepSpeed config) exist before the model, so ZeRO-3 partitions
+the weights while they load. No training loop of our own: `transformers.Trainer` plus our callbacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import transformers
+import yaml
+
+from hf_zero3.data import DataArguments, DataError
+from hf_zero3.distributed import cuda_available, is_world_process_zero, prepare_process_group
+
+
+class UsageError(ValueError):
+    """Bad command-line or YAML input; the message names the fix."""
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: pretrained weights (`model_name_or_path`) or a config to start from scratch."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Local folder or hub id of pretrained weights (from_pretrained)."})
+    config_name: str | None = field(
+        default=None, metadata={"help": "Local folder or hub id of a config to train from scratch (from_config)."})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or hub id; default: the model's or config's."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Comma-separated config changes, e.g. 'num_hidden_layers=2,hidden_size=64'."})
+    dtype: str | None = field(
+        default=None, metadata={"help": "dtype to load weights in (bfloat16, float16, float32); default: the config's."})
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention kernel: sdpa, eager, flash_attention_2."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+
+
+@dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """The stock TrainingArguments plus what transformers 5 dropped and we need."""
+
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
+                                          "overwritten). Without it such a dir is refused."})
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """PyYAML reads `2e-5` as a string and CLI values arrive as text: convert them to the field's type."""
+    text = str(annotation)
+    if isinstance(value, str):
+        if annotation is float or text.startswith("float"):
+            return float(value)
+        if annotation is int or text.startswith("int"):
+            return int(value)
+    return value
+
+
+def _parse_overrides(argv: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise UsageError(f"unexpected argument {arg!r}: overrides are --key value pairs")
+        key = arg[2:].replace("-", "_")
+        if "=" in key:
+            key, text = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            text = argv[i + 1]
+            i += 2
+        else:
+            text = "true"
+            i += 1
+        overrides[key] = yaml.safe_load(text) if text != "" else ""
+    return overrides
+
+
+def load_arguments(argv: list[str]) -> dict[str, Any]:
+    """YAML file (first argument, optional) with CLI overrides on top, as one dict; unknown keys rejected."""
+    values: dict[str, Any] = {}
+    if argv and not argv[0].startswith("--"):
+        path = Path(argv[0])
+        if not path.is_file():
+            raise UsageError(f"config file {path} not found: pass a YAML of training arguments (see recipes/*/)")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise UsageError(f"{path} must be a YAML mapping of argument: value")
+        values.update(loaded)
+        deepspeed = values.get("deepspeed")
+        if isinstance(deepspeed, str) and not os.path.isabs(deepspeed) and (path.parent / deepspeed).is_file():
+            values["deepspeed"] = str(path.parent / deepspeed)  # a copied recipe folder keeps its own config
+        argv = argv[1:]
+    values.update(_parse_overrides(argv))
+    known = {f.name: f for cls in (ModelArguments, DataArguments, TrainingArguments)
+             for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in values if k not in known]
+    if unknown:
+        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, known, n=1)) else k
+                 for k in unknown]
+        raise UsageError(f"unknown argument(s): {', '.join(hints)}. Fix the spelling or remove them; "
+                         "`hf-zero3 train --help` lists the arguments")
+    try:
+        return {k: _coerce(v, known[k].type) for k, v in values.items()}
+    except ValueError as e:
+        raise UsageError(f"bad value: {e}") from e
+
+
+def _check_output_dir(output_dir: str, resume: str | None, overwrite: bool) -> str | None:
+    """Refuse to train over an earlier run unless asked; resolve `resume_from_checkpoint: auto`."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    path = Path(output_dir)
+    if resume == "auto":
+        last = get_last_checkpoint(output_dir) if path.is_dir() else None
+        if last is not None:
+            return last
+        resume = None
+    if resume is not None:
+        if not Path(resume).is_dir():
+            raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
+                             "or 'auto' for the newest one in output_dir")
+        return resume
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
+                         "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
+    return None
+
+
+def _load_model_and_tokenizer(model_args: ModelArguments):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = model_args.model_name_or_path or model_args.config_name
+    if source is None:
+        raise UsageError("no model given: set model_name_or_path (pretrained weights) or config_name "
+                         "(train from scratch)")
+    for name, value in (("model_name_or_path", model_args.model_name_or_path),
+                        ("config_name", model_args.config_name), ("tokenizer_name", model_args.tokenizer_name)):
+        if value and not os.path.isdir(value) and (value.startswith((".", "/", "~")) or value.count("/") > 1):
+            raise UsageError(f"{name} {value} does not exist: point it at a model folder (config.json inside) "
+                             "or a hub id like org/name")
+    common = {"trust_remote_code": model_args.trust_remote_code}
+    try:
+        config = AutoConfig.from_pretrained(source, **common)
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or source, **common)
+    except OSError as e:
+        raise UsageError(f"could not load {source}: {e}. Use a local folder, or a hub id with network access "
+                         "(or a filled HF cache)") from e
+    if model_args.config_overrides:
+        config.update_from_string(model_args.config_overrides)
+    if len(tokenizer) > config.vocab_size:
+        raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+                         f"{config.vocab_size}: use the model's own tokenizer (tokenizer_name) or raise vocab_size "
+                         "(config_overrides: vocab_size=N when training from scratch)")
+    config.use_cache = False  # the KV cache is for generation; training only pays for it
+    kwargs = {**common}
+    if model_args.attn_implementation:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    if model_args.model_name_or_path:
+        if model_args.dtype:
+            kwargs["dtype"] = model_args.dtype
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    return model, tokenizer
+
+
+def _banner(trainer) -> str:
+    args = trainer.args
+    ds = args.hf_deepspeed_config.config if args.deepspeed else None
+    stage = ds.get("zero_optimization", {}).get("stage", 0) if ds else "off (no deepspeed config)"
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | micro batch "
+            f"{args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps} x "
+            f"{args.world_size} ranks = global batch {global_batch} | {precision} | device {args.device}")
+
+
+def run(argv: list[str]) -> dict[str, float]:
+    """Parse, set up, train, save; returns the final metrics."""
+    from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
+
+    from hf_zero3.callbacks import default_callbacks
+    from hf_zero3.data import build_datasets
+
+    values = load_arguments(argv)
+    on_cpu = bool(values.get("use_cpu")) or not cuda_available()
+    if on_cpu:
+        if values.get("fp16"):
+            raise UsageError("fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true")
+        values["use_cpu"] = True
+    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
+    resume = _check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
+                               training_args.overwrite_output_dir)
+
+    set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
+    model, tokenizer = _load_model_and_tokenizer(model_args)
+    train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
+                                                 max_positions=model.config.max_position_embeddings)
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=default_data_collator,
+        callbacks=default_callbacks(),
+    )
+    if trainer.is_world_process_zero():
+        print(_banner(trainer), flush=True)
+    result = trainer.train(resume_from_checkpoint=resume)
+    metrics = dict(result.metrics)
+    trainer.save_model()
+    trainer.save_state()
+    if eval_dataset is not None:
+        eval_metrics = trainer.evaluate()
+        eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    if trainer.is_world_process_zero():
+        out = Path(training_args.output_dir)
+        checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        print(f"hf_zero3: final model: {out}", flush=True)
+        if checkpoints:
+            print(f"hf_zero3: last checkpoint: {checkpoints[-1]}", flush=True)
+        print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
+        print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
+                                                   if isinstance(v, float)}), flush=True)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        from transformers import HfArgumentParser
+
+        print("usage: hf-zero3 train [CONFIG.yaml] [--key value ...]\n")
+        HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
+        return 0
+    try:
+        run(argv)
+    except (UsageError, DataError) as e:
+        if is_world_process_zero():
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

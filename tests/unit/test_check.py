@@ -1,0 +1,173 @@
+"""`check_ds_config` and `hf-zero3 config check|new`: one test per rule, with the message a user sees."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_zero3.check import check_ds_config, has_errors
+from hf_zero3.cli import main as cli
+from hf_zero3.ds_config import build_ds_config
+from hf_zero3.presets import STANDALONE_CONFIGS
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SEED = FIXTURES / "seed_ds_config.json"
+SHARED_SEED = Path(__file__).resolve().parents[3] / "shared" / "seed_ds_config.json"
+
+
+def good() -> dict:
+    return copy.deepcopy(build_ds_config(STANDALONE_CONFIGS["zero3"]))
+
+
+def messages(config, level="error", **kwargs):
+    return [f"{f.key}: {f.message}" for f in check_ds_config(config, **kwargs) if f.level == level]
+
+
+def edit(path: str, value, config=None) -> dict:
+    config = config or good()
+    node = config
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return config
+
+
+def test_a_good_config_has_no_errors_or_warnings():
+    assert check_ds_config(good(), world_size=8, micro_batch=4, grad_accum=2, device="cuda") == []
+
+
+BAD_INPUTS = [
+    # (name, config, kwargs, expected substring of one error)
+    ("unknown top-level key", edit("zero_optimisation", {"stage": 3}), {},
+     "zero_optimisation: unknown top-level key (DeepSpeed ignores it silently); did you mean 'zero_optimization'?"),
+    ("unknown zero key", edit("zero_optimization.overlap_com", True), {},
+     "zero_optimization.overlap_com: unknown key (DeepSpeed rejects it at start-up); did you mean 'overlap_comm'?"),
+    ("unknown offload key", edit("zero_optimization.offload_param", {"device": "cpu", "pin_memmory": True}), {},
+     "zero_optimization.offload_param.pin_memmory: unknown key (DeepSpeed rejects it at start-up); "
+     "did you mean 'pin_memory'?"),
+    ("unknown optimizer key", edit("optimizer", {"type": "AdamW", "param": {}}), {},
+     "optimizer.param: unknown key in 'optimizer'; did you mean 'params'?"),
+    ("batch mismatch", edit("train_batch_size", 64), {"world_size": 4, "micro_batch": 2, "grad_accum": 4},
+     "train_batch_size: 64 != micro batch 2 x accumulation 4 x world size 4 = 32: set train_batch_size to 32"),
+    ("batch not divisible", {**good(), "train_batch_size": 30, "gradient_accumulation_steps": 4}, {"world_size": 8},
+     "train_batch_size: 30 is not divisible by accumulation 4 x world size 8"),
+    ("micro batch conflicts with --micro-batch", edit("train_micro_batch_size_per_gpu", 4), {"micro_batch": 2},
+     "train_micro_batch_size_per_gpu: the config says 4 but --micro-batch is 2"),
+    ("fp16 and bf16 both on", edit("fp16", {"enabled": True}), {},
+     "fp16.enabled: fp16 and bf16 are both enabled: keep one"),
+    ("fp16 on cpu", {**good(), "bf16": {"enabled": False}, "fp16": {"enabled": True}}, {"device": "cpu"},
+     "fp16.enabled: fp16 is not supported on CPU"),
+    ("nvme without path", edit("zero_optimization.offload_param", {"device": "nvme"}), {},
+     "zero_optimization.offload_param.nvme_path: NVMe offload needs nvme_path"),
+    ("nvme path missing", edit("zero_optimization.offload_param", {"device": "nvme", "nvme_path": "/no/such/nvme"}),
+     {}, "zero_optimization.offload_param.nvme_path: /no/such/nvme does not exist on this machine: create it"),
+    ("nvme path not writable", edit("zero_optimization.offload_param", {"device": "nvme", "nvme_path": "/proc"}),
+     {}, "zero_optimization.offload_param.nvme_path: /proc is not writable"),
+    ("offloaded optimizer without optimizer block", edit("zero_optimization.offload_optimizer", {"device": "cpu"}),
+     {}, "optimizer: the optimizer is offloaded but there is no optimizer block"),
+    ("auto nobody fills", edit("zero_optimization.sub_group_size", "auto"), {},
+     "zero_optimization.sub_group_size: 'auto' here is filled by nobody: DeepSpeed drops it silently"),
+    ("auto in an unfilled optimizer param", edit("optimizer", {"type": "AdamW", "params": {"amsgrad": "auto"}}), {},
+     "optimizer.params.amsgrad: 'auto' here is filled by nobody"),
+    ("stage out of range", edit("zero_optimization.stage", 4), {},
+     "zero_optimization.stage: ZeRO stage must be 0, 1, 2 or 3 (got 4)"),
+    ("negative bucket", edit("zero_optimization.reduce_bucket_size", -1), {},
+     "zero_optimization.reduce_bucket_size: must be a positive number (got -1)"),
+    ("zero micro batch", edit("train_micro_batch_size_per_gpu", 0), {},
+     "train_micro_batch_size_per_gpu: must be a positive number (got 0)"),
+    ("zero buffer count", edit("zero_optimization.offload_param", {"device": "cpu", "buffer_count": 0}), {},
+     "zero_optimization.offload_param.buffer_count: must be a positive number (got 0)"),
+    ("param offload below stage 3", edit("zero_optimization.offload_param", {"device": "cpu"},
+                                         edit("zero_optimization.stage", 2)), {},
+     "zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage is 2)"),
+    ("wrong type", edit("zero_optimization.overlap_comm", "yes please"), {},
+     "zero_optimization.overlap_comm: invalid value 'yes please'"),
+]
+
+
+@pytest.mark.parametrize("name, config, kwargs, expected", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_an_error_naming_the_fix(name, config, kwargs, expected):
+    errors = messages(config, **kwargs)
+    assert any(expected in e for e in errors), errors
+    assert has_errors(check_ds_config(config, **kwargs))
+
+
+def test_at_least_fifteen_distinct_bad_inputs():
+    assert len({b[3] for b in BAD_INPUTS}) >= 15
+
+
+def test_all_findings_are_reported_at_once():
+    config = edit("zero_optimization.stage", 4, edit("zero_optimisation", {}, edit("fp16", {"enabled": True})))
+    errors = messages(config)
+    assert len(errors) >= 3, errors
+
+
+def test_noop_activation_checkpointing_block_is_a_warning_with_the_alternative():
+    warnings = messages(edit("activation_checkpointing", {"partition_activations": True}), level="warning")
+    assert any("HF models never call" in w and "gradient_checkpointing: true" in w for w in warnings)
+
+
+def test_stage3_without_gathered_weights_is_a_warning():
+    config = edit("zero_optimization.stage3_gather_16bit_weights_on_model_save", False)
+    assert any("writes no usable weights" in w for w in messages(config, level="warning"))
+
+
+def test_seed_fixture_is_the_seed():
+    if SHARED_SEED.exists():
+        assert json.loads(SHARED_SEED.read_text()) == json.loads(SEED.read_text())
+
+
+def test_check_seed_config_reports_what_the_seed_gets_wrong(capsys):
+    rc = cli(["config", "check", str(SEED), "--world-size", "8", "--device", "cuda"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "micro batch = 1 is implied (32 / 4 / 8)" in out
+    assert "activation_checkpointing: this block" in out and "gradient_checkpointing: true" in out
+    assert "the optimizer is offloaded but there is no optimizer block" in out
+    assert "prefer bf16" in out
+    assert "1 error(s)" in out
+
+
+def test_new_like_seed_writes_the_corrected_equivalent(tmp_path, capsys):
+    out_file = tmp_path / "fixed.json"
+    assert cli(["config", "new", "--like", str(SEED), "--world-size", "8", "-o", str(out_file)]) == 0
+    err = capsys.readouterr().err
+    fixed = json.loads(out_file.read_text())
+    assert fixed["optimizer"]["type"] == "AdamW"
+    assert "activation_checkpointing" not in fixed and "gradient_checkpointing" in err
+    assert (fixed["train_batch_size"], fixed["gradient_accumulation_steps"],
+            fixed["train_micro_batch_size_per_gpu"]) == (32, 4, 1)
+    zero = fixed["zero_optimization"]
+    assert zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert fixed["fp16"]["enabled"] is True and fixed["wall_clock_breakdown"] is True
+    assert cli(["config", "check", str(out_file), "--world-size", "8", "--device", "cuda"]) == 0
+
+
+def test_new_from_options_round_trips_through_check(tmp_path, capsys):
+    out_file = tmp_path / "c.json"
+    rc = cli(["config", "new", "--offload-optimizer", "nvme", "--offload-param", "nvme", "--nvme-path",
+              str(tmp_path), "--activation-checkpointing", "-o", str(out_file)])
+    assert rc == 0
+    config = json.loads(out_file.read_text())
+    assert config["zero_optimization"]["offload_param"]["nvme_path"] == str(tmp_path)
+    assert "--gradient_checkpointing True" in capsys.readouterr().err
+    assert cli(["config", "check", str(out_file)]) == 0
+
+
+def test_new_rejects_inconsistent_options(capsys):
+    assert cli(["config", "new", "--stage", "2", "--offload-param", "cpu"]) == 2
+    assert "offload_param needs stage 3" in capsys.readouterr().err
+
+
+def test_check_reports_malformed_and_missing_files(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{'stage': 3}")
+    assert cli(["config", "check", str(bad)]) == 1
+    assert "is not valid JSON" in capsys.readouterr().out
+    assert cli(["config", "check", str(tmp_path / "missing.json")]) == 1
+    assert "not found" in capsys.readouterr().out
