@@ -88,9 +88,26 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def _strip_local_rank(argv: list[str]) -> list[str]:
+    """The DeepSpeed launcher prepends --local_rank=N; the same number is in $LOCAL_RANK."""
+    kept, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg.startswith(("--local_rank=", "--local-rank=")):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+        elif arg in ("--local_rank", "--local-rank"):
+            os.environ.setdefault("LOCAL_RANK", argv[i + 1])
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
 def load_arguments(argv: list[str]) -> dict[str, Any]:
     """YAML file (first argument, optional) with CLI overrides on top, as one dict; unknown keys rejected."""
     values: dict[str, Any] = {}
+    argv = _strip_local_rank(argv)
     if argv and not argv[0].startswith("--"):
         path = Path(argv[0])
         if not path.is_file():

@@ -8,17 +8,11 @@ output is deterministic: re-running this script must reproduce the committed fil
 
 from __future__ import annotations
 
-import os
+import random
+from pathlib import Path
 
-# The BPE trainer counts pairs in parallel; one thread keeps tie-breaking (and so the merges) stable.
-os.environ["RAYON_NUM_THREADS"] = "1"
-os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-import random  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import LlamaConfig, PreTrainedTokenizerFast  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 HERE = Path(__file__).resolve().parent
 CORPUS_DIR = HERE / "corpus"
@@ -47,8 +41,9 @@ MOVES = "jumps over|runs past|looks at|sleeps next to|walks around|plays with|hi
 THINGS = {"apple": "red", "banana": "yellow", "leaf": "green", "sky": "blue", "snow": "white",
           "coal": "black", "carrot": "orange", "grape": "purple", "cloud": "grey", "bark": "brown"}
 WEEK = "monday tuesday wednesday thursday friday saturday sunday".split()
-PLACES = """the park|the market|school|the beach|the library|the farm|the river|the museum|the garden
-|the station|the bakery|the hospital|the cinema|the mountains|the forest|the harbor|the zoo""".replace("\n", "").split("|")
+PLACES = ["the park", "the market", "school", "the beach", "the library", "the farm", "the river",
+          "the museum", "the garden", "the station", "the bakery", "the hospital", "the cinema",
+          "the mountains", "the forest", "the harbor", "the zoo"]
 JOBS = {  # job -> workplace: fixed facts
     "teacher": "school", "doctor": "hospital", "baker": "bakery", "farmer": "farm", "pilot": "airport",
     "chef": "kitchen", "nurse": "hospital", "librarian": "library", "sailor": "harbor", "painter": "studio",
@@ -75,7 +70,8 @@ def plural(word: str, n: int) -> str:
 
 def scene(r: random.Random) -> str:
     a, b = r.sample(sorted(ANIMALS), 2)
-    return f"the {r.choice(ADJECTIVES)} {r.choice(COLORS)} {a} {r.choice(MOVES)} the {r.choice(ADJECTIVES)} {b}."
+    adj, color, move, adj2 = r.choice(ADJECTIVES), r.choice(COLORS), r.choice(MOVES), r.choice(ADJECTIVES)
+    return f"the {adj} {color} {a} {move} the {adj2} {b}."
 
 
 def animal_fact(r: random.Random) -> str:
@@ -176,6 +172,8 @@ def write_corpus(path: Path, seed: int, n_bytes: int) -> None:
 
 
 def build_tokenizer(train_path: Path) -> PreTrainedTokenizerFast:
+    """Byte-level BPE. Training is deterministic as long as no continuing_subword_prefix /
+    end_of_word_suffix is set (those get hash-order ids: huggingface/tokenizers#1794)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
