@@ -1,0 +1,51 @@
+"""Shared test helpers: real subprocess runs with free ports, and HF global-state hygiene."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_YAML = ROOT / "recipes" / "tiny" / "train_args.yaml"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This interpreter's bin first on PATH (deepspeed, torchrun), no inherited rank variables."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    """Run a command from the repository root; output is kept for assertions and shown on failure."""
+    return subprocess.run([str(c) for c in cmd], cwd=ROOT, env=subprocess_env(**env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-4000:]}"
+
+
+def train_log(output_dir: Path) -> list[dict]:
+    path = Path(output_dir) / "train_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def losses(output_dir: Path) -> list[float]:
+    return [r["loss"] for r in train_log(output_dir) if "loss" in r]
+
+
+@pytest.fixture(autouse=True)
+def _reset_hf_deepspeed_state():
+    yield
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()

@@ -1,0 +1,90 @@
+"""The tiny recipe end to end: real ZeRO-3 ranks on CPU through each launcher a user may pick."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_zero3.distributed import free_port
+from tests.conftest import ROOT, TINY_YAML, explain, losses, run, train_log
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def launcher_run(tmp_path_factory):
+    """The demo as `make demo` runs it: recipes/tiny/launch.sh, DeepSpeed launcher, 2 ranks, 100 steps."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    proc = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", out], MASTER_PORT=str(free_port()))
+    return proc, out
+
+
+def test_launcher_run_exits_zero_with_zero3_on_two_ranks(launcher_run):
+    proc, out = launcher_run
+    assert proc.returncode == 0, explain(proc)
+    assert "hf_zero3: ZeRO stage 3 | world size 2 |" in proc.stdout
+    assert f"hf_zero3: last checkpoint: {out / 'checkpoint-100'}" in proc.stdout
+
+
+def test_demo_loss_falls_by_more_than_30_percent(launcher_run):
+    _, out = launcher_run
+    curve = losses(out)
+    assert len(curve) == 10  # logging_steps 10 over max_steps 100
+    assert curve[-1] < 0.7 * curve[0], curve
+
+
+def test_checkpoint_weights_load_and_reproduce_the_logged_eval_loss(launcher_run):
+    """The saved safetensors are the trained weights: reloading them gives the eval loss the run logged."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+    from hf_zero3.data import DataArguments, build_datasets
+
+    _, out = launcher_run
+    for folder in (out / "checkpoint-50", out / "checkpoint-100", out):
+        assert (folder / "model.safetensors").is_file(), folder
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in model.parameters()) == 1_000_576
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    args = TrainingArguments(output_dir=str(out / "eval"), use_cpu=True, report_to=[])
+    data = DataArguments(train_file="assets/tiny/corpus/train.txt", validation_file="assets/tiny/corpus/validation.txt",
+                         block_size=128, max_eval_samples=64)
+    _, eval_set = build_datasets(data, tokenizer, args, max_positions=512)
+    with torch.no_grad():
+        batch = torch.tensor(eval_set["input_ids"])
+        loss = sum(model(input_ids=b, labels=b).loss.item() for b in batch.split(8)) / math.ceil(len(batch) / 8)
+    logged = [r["eval_loss"] for r in train_log(out) if "eval_loss" in r][-1]
+    assert loss == pytest.approx(logged, abs=1e-4)
+    early = AutoModelForCausalLM.from_pretrained(out / "checkpoint-50", dtype=torch.float32)
+    assert not torch.equal(early.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_torchrun_launches_the_same_entry_point(tmp_path):
+    out = tmp_path / "run"
+    proc = run(["torchrun", "--nproc_per_node", "2", "--master_port", free_port(), "-m", "hf_zero3.train", TINY_YAML,
+                "--max_steps", "6", "--logging_steps", "3", "--output_dir", out])
+    assert proc.returncode == 0, explain(proc)
+    assert "ZeRO stage 3 | world size 2 |" in proc.stdout
+    assert (out / "model.safetensors").is_file()
+    assert len(losses(out)) == 2
+
+
+def test_single_process_without_a_launcher(tmp_path):
+    """python -m hf_zero3.train alone: the rank variables DeepSpeed needs are filled in for the user."""
+    out = tmp_path / "run"
+    proc = run(["python", "-m", "hf_zero3.train", TINY_YAML, "--max_steps", "3", "--output_dir", out])
+    assert proc.returncode == 0, explain(proc)
+    assert "ZeRO stage 3 | world size 1 |" in proc.stdout
+    assert (out / "model.safetensors").is_file()
+
+
+def test_plain_trainer_example_takes_our_config_with_deepspeed_flag(tmp_path):
+    out = tmp_path / "plain"
+    proc = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "examples/plain_trainer.py",
+                "--deepspeed", "ds_configs/zero3_auto.json", "--use_cpu", "true", "--max_steps", "4",
+                "--per_device_train_batch_size", "4", "--logging_steps", "2", "--report_to", "none",
+                "--output_dir", out])
+    assert proc.returncode == 0, explain(proc)
+    assert (out / "model.safetensors").is_file()
