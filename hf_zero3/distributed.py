@@ -42,7 +42,9 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
         import torch
 
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_ranks)))
+        threads = max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
     if use_deepspeed:
         import deepspeed
 

@@ -88,3 +88,13 @@ def test_plain_trainer_example_takes_our_config_with_deepspeed_flag(tmp_path):
                 "--output_dir", out])
     assert proc.returncode == 0, explain(proc)
     assert (out / "model.safetensors").is_file()
+
+
+def test_accelerate_launch_runs_the_same_entry_point(tmp_path):
+    out = tmp_path / "run"
+    proc = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--main_process_port", free_port(), "--dynamo_backend", "no", "--mixed_precision", "no",
+                "-m", "hf_zero3.train", TINY_YAML, "--max_steps", "4", "--logging_steps", "2", "--output_dir", out])
+    assert proc.returncode == 0, explain(proc)
+    assert "ZeRO stage 3 | world size 2 |" in proc.stdout
+    assert (out / "model.safetensors").is_file()

@@ -1,0 +1,99 @@
+"""`hf-zero3 train` on bad input: exit 2, one clear message naming the fix, nothing written over."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from hf_zero3.train import load_arguments, main
+from tests.conftest import ROOT, TINY_YAML
+
+
+@pytest.fixture(autouse=True)
+def single_rank_env(monkeypatch):
+    """Rank variables present, so the entry point leaves the process environment alone."""
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+        monkeypatch.setenv(key, value)
+
+
+def train_fails(capsys, *overrides) -> str:
+    assert main([str(TINY_YAML), "--deepspeed", "null", "--max_steps", "1", *map(str, overrides)]) == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_yaml_key_is_rejected_with_a_suggestion(tmp_path, capsys):
+    config = tmp_path / "args.yaml"
+    config.write_text(TINY_YAML.read_text() + "learning_rat: 1.0e-4\n")
+    assert main([str(config), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown argument(s): learning_rat (did you mean learning_rate?)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_cli_override_is_rejected(capsys, tmp_path):
+    err = train_fails(capsys, "--max_step", "3", "--output_dir", tmp_path / "o")
+    assert "max_step (did you mean max_steps?)" in err
+
+
+def test_missing_data_file(capsys, tmp_path):
+    err = train_fails(capsys, "--train_file", "no/such/train.txt", "--output_dir", tmp_path / "o")
+    assert "'no/such/train.txt' does not exist" in err and "fix the path" in err
+
+
+def test_empty_data_file(capsys, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    err = train_fails(capsys, "--train_file", empty, "--output_dir", tmp_path / "o")
+    assert "is empty" in err
+
+
+def test_block_size_larger_than_model_positions(capsys, tmp_path):
+    err = train_fails(capsys, "--block_size", "1024", "--output_dir", tmp_path / "o")
+    assert "block_size=1024 exceeds the model's max positions (512); lower block_size to <= 512" in err
+
+
+def test_missing_model_path(capsys, tmp_path):
+    err = train_fails(capsys, "--model_name_or_path", "./models/no-such-model", "--output_dir", tmp_path / "o")
+    assert "model_name_or_path ./models/no-such-model does not exist" in err
+
+
+def test_tokenizer_larger_than_model_vocab(capsys, tmp_path):
+    model = tmp_path / "small_vocab"
+    shutil.copytree(ROOT / "assets/tiny/model", model)
+    config = json.loads((model / "config.json").read_text())
+    config["vocab_size"] = 512
+    (model / "config.json").write_text(json.dumps(config))
+    err = train_fails(capsys, "--config_name", model, "--output_dir", tmp_path / "o")
+    assert "the tokenizer has 1024 tokens but the model's vocab_size is 512" in err
+
+
+def test_output_dir_holding_a_run_is_refused_and_left_untouched(capsys, tmp_path):
+    out = tmp_path / "earlier"
+    (out / "checkpoint-500").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"weights")
+    err = train_fails(capsys, "--output_dir", out)
+    assert "already holds a run: pass --resume_from_checkpoint auto" in err and "--overwrite_output_dir" in err
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-500", "model.safetensors"]
+
+
+def test_fp16_on_cpu_is_refused(capsys, tmp_path):
+    err = train_fails(capsys, "--fp16", "true", "--output_dir", tmp_path / "o")
+    assert "fp16 is not supported on CPU" in err
+
+
+def test_missing_config_file(capsys):
+    assert main(["no/such/args.yaml"]) == 2
+    assert "config file no/such/args.yaml not found" in capsys.readouterr().err
+
+
+def test_yaml_and_overrides_merge_with_types(tmp_path):
+    values = load_arguments([str(TINY_YAML), "--learning_rate", "2e-5", "--max_steps", "7", "--bf16",
+                             "--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--local_rank=1"])
+    assert values["learning_rate"] == 2e-5 and values["max_steps"] == 7 and values["bf16"] is True
+    assert values["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert values["deepspeed"] == str(ROOT / "recipes/tiny/ds_config.json")  # found next to the YAML
+    assert values["block_size"] == 128  # from the YAML
