@@ -235,7 +235,7 @@ def run(argv: list[str]) -> dict[str, float]:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=default_data_collator,
-        callbacks=default_callbacks(),
+        callbacks=default_callbacks(training_args),
     )
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
