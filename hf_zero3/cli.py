@@ -106,6 +106,40 @@ def _configs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from hf_zero3.bench import BASELINES, run_bench
+    from hf_zero3.distributed import cuda_available
+    from hf_zero3.train import load_arguments
+
+    recipe = Path(args.recipe) if Path(args.recipe).is_dir() else Path("recipes") / args.recipe
+    if not (recipe / "train_args.yaml").is_file() or not (recipe / "ds_config.json").is_file():
+        print(f"error: {args.recipe} is not a recipe folder (train_args.yaml + ds_config.json); "
+              f"try one of: {', '.join(sorted(p.name for p in Path('recipes').glob('*/')))}", file=sys.stderr)
+        return 2
+    against = [a for a in args.against.split(",") if a]
+    unknown = [a for a in against if a not in BASELINES]
+    if unknown:
+        print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
+        return 2
+    extra = args.overrides
+    values = load_arguments([str(recipe / "train_args.yaml"), *extra])
+    gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
+    global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
+    label = args.label or Path(values.get("config_name") or values.get("model_name_or_path") or recipe.name).name
+    report = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
+                       out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
+                       model_label=label, seq_len=values.get("block_size", 512), global_batch=global_batch,
+                       command="hf-zero3 " + " ".join(args.argv))
+    print(f"wrote {report}")
+    return 0
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hf_zero3.presets import STANDALONE_CONFIGS
 
@@ -149,6 +183,36 @@ def build_parser() -> argparse.ArgumentParser:
     configs.add_argument("--check", action="store_true", help="fail if a committed config is stale")
     configs.set_defaults(func=_configs)
 
+    bench = verbs.add_parser("bench", help="benchmark a recipe against stock ZeRO-3 / FSDP2, side by side",
+                             epilog="Train overrides for every variant go after --, e.g. -- --block_size 2048")
+    bench.add_argument("recipe", help="recipe name (recipes/<name>) or folder")
+    bench.add_argument("--steps", type=_positive_int, default=10, help="measured steps per variant")
+    bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
+    bench.add_argument("--against", default="stock", help="comma-separated baselines: stock, stock_offload, fsdp2")
+    bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
+    bench.add_argument("--breakdown", action="store_true",
+                       help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
+    bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")
+    bench.add_argument("--out", default="benchmarks", help="where the report, JSONL and PNG go")
+    bench.add_argument("--work-dir", default="outputs/bench", help="where the runs write their outputs")
+    bench.set_defaults(func=_bench)
+
+    from hf_zero3 import doctor_cli
+
+    doctor = verbs.add_parser("doctor", help="preflight: versions, ops, GPUs, all-reduce, hosts, NVMe")
+    doctor_cli.add_arguments(doctor)
+    doctor.set_defaults(func=doctor_cli.main)
+
+    from hf_zero3 import plan_cli
+
+    plan = verbs.add_parser("plan", help="memory planner: the cheapest ZeRO configuration that fits your GPUs")
+    plan_cli.add_arguments(plan)
+    plan.set_defaults(func=plan_cli.main)
+
+    from hf_zero3 import checkpoint_cli
+
+    checkpoint_cli.add_arguments(verbs)  # export, reshard, push
+
     train = verbs.add_parser("train", help="train from a YAML of TrainingArguments (see recipes/)", add_help=False)
     train.set_defaults(func=None)
     return parser
@@ -160,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         from hf_zero3.train import main as train_main
 
         return train_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []  # train overrides, passed on verbatim
+    args = build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.argv, args.overrides = argv, overrides
     return args.func(args)
 
 

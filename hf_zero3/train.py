@@ -12,7 +12,9 @@ import difflib
 import json
 import math
 import os
+import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,18 +58,46 @@ class TrainingArguments(transformers.TrainingArguments):
                                           "overwritten). Without it such a dir is refused."})
 
 
-def _coerce(value: Any, annotation: Any) -> Any:
-    """PyYAML reads `2e-5` as a string and CLI values arrive as text: convert them to the field's type."""
-    text = str(annotation)
-    if isinstance(value, str):
-        if annotation is float or text.startswith("float"):
-            return float(value)
-        if annotation is int or text.startswith("int"):
-            return int(value)
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _type_words(annotation: Any) -> set[str]:
+    """The type names in a field annotation, e.g. {'dict', 'str', 'None'} for `dict | str | None`."""
+    return set(re.findall(r"[A-Za-z]+", annotation if isinstance(annotation, str) else str(annotation)))
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """Give a YAML or command-line value its field's type.
+
+    Command-line values arrive as text; PyYAML reads `2e-5` as a string and `no` as False (YAML 1.1),
+    which breaks `eval_strategy: no`. `null` means None for optional fields.
+    """
+    words = _type_words(annotation)
+    if isinstance(value, bool) and "bool" not in words:
+        return "yes" if value else "no"
+    if not isinstance(value, str):
+        return value
+    low = value.strip().lower()
+    if low in ("null", "~") and words & {"None", "NoneType", "Optional"}:
+        return None
+    if "bool" in words and "str" not in words:
+        if low in _TRUE + _FALSE:
+            return low in _TRUE
+        raise ValueError(f"{name} takes true or false, not {value!r}")
+    if "str" not in words:
+        number = float if "float" in words else int if "int" in words else None
+        if number is not None:
+            try:
+                return number(value)
+            except ValueError:
+                raise ValueError(f"{name} takes a number, not {value!r}") from None
+    if words & {"dict", "list"} and low.startswith(("{", "[")):
+        return yaml.safe_load(value)
     return value
 
 
 def _parse_overrides(argv: list[str]) -> dict[str, Any]:
+    """`--key value`, `--key=value` and bare `--flag` (= true), values kept as text for `_coerce`."""
     overrides: dict[str, Any] = {}
     i = 0
     while i < len(argv):
@@ -84,7 +114,7 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
         else:
             text = "true"
             i += 1
-        overrides[key] = yaml.safe_load(text) if text != "" else ""
+        overrides[key] = text
     return overrides
 
 
@@ -121,7 +151,8 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
             values["deepspeed"] = str(path.parent / deepspeed)  # a copied recipe folder keeps its own config
         argv = argv[1:]
     values.update(_parse_overrides(argv))
-    known = {f.name: f for cls in (ModelArguments, DataArguments, TrainingArguments)
+    # Types from the annotations: HfArgumentParser rewrites dataclass fields' `.type` (dict | str | None -> str).
+    known = {f.name: typing.get_type_hints(cls)[f.name] for cls in (ModelArguments, DataArguments, TrainingArguments)
              for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in values if k not in known]
     if unknown:
@@ -130,28 +161,37 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
         raise UsageError(f"unknown argument(s): {', '.join(hints)}. Fix the spelling or remove them; "
                          "`hf-zero3 train --help` lists the arguments")
     try:
-        return {k: _coerce(v, known[k].type) for k, v in values.items()}
+        return {k: _coerce(v, known[k], k) for k, v in values.items()}
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e
 
 
 def _check_output_dir(output_dir: str, resume: str | None, overwrite: bool) -> str | None:
-    """Refuse to train over an earlier run unless asked; resolve `resume_from_checkpoint: auto`."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """Refuse to train over an earlier run unless asked; resolve `resume_from_checkpoint: auto` to the newest
+    *complete* checkpoint and remove half-written ones newer than the resume point (hf_zero3.checkpoint)."""
+    import torch.distributed as dist
+
+    from hf_zero3.checkpoint import CheckpointError, plan_resume, remove_checkpoint
 
     path = Path(output_dir)
-    if resume == "auto":
-        last = get_last_checkpoint(output_dir) if path.is_dir() else None
-        if last is not None:
-            return last
-        resume = None
+    if resume not in (None, "auto") and not Path(resume).is_dir():
+        raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
+                         "or 'auto' for the newest complete one in output_dir")
     if resume is not None:
-        if not Path(resume).is_dir():
-            raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
-                             "or 'auto' for the newest one in output_dir")
-        return resume
+        try:
+            target, half_written = plan_resume(output_dir, resume, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        except CheckpointError as e:
+            raise UsageError(str(e)) from e
+        if dist.is_initialized():
+            dist.barrier()  # every rank has decided before rank 0 deletes anything
+        for folder in half_written if is_world_process_zero() else []:
+            print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
+            remove_checkpoint(folder)
+        if target is not None:
+            return str(target)
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
+        found = "a run but no complete checkpoint" if resume == "auto" else "a run"
+        raise UsageError(f"output_dir {output_dir} already holds {found}: pass --resume_from_checkpoint auto to "
                          "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
     return None
 
@@ -205,11 +245,19 @@ def _banner(trainer) -> str:
             f"{args.world_size} ranks = global batch {global_batch} | {precision} | device {args.device}")
 
 
+def write_run_config(path: Path, model_args, data_args, trainer) -> None:
+    """The resolved arguments and the ds_config as the bridge filled it: what actually ran."""
+    ds = trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None
+    resolved = {"model": dataclasses.asdict(model_args), "data": dataclasses.asdict(data_args),
+                "training": trainer.args.to_dict(), "ds_config": ds, "world_size": trainer.args.world_size}
+    path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+
+
 def run(argv: list[str]) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics."""
     from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
 
-    from hf_zero3.callbacks import default_callbacks
+    from hf_zero3.callbacks import DeepSpeedTimersCallback, default_callbacks, install_callbacks
     from hf_zero3.data import build_datasets
 
     values = load_arguments(argv)
@@ -235,8 +283,12 @@ def run(argv: list[str]) -> dict[str, float]:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         data_collator=default_data_collator,
-        callbacks=default_callbacks(training_args),
     )
+    install_callbacks(trainer, [DeepSpeedTimersCallback(trainer),
+                                *default_callbacks(training_args, seq_len=data_args.block_size)])
+    # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
+    # took these settings above): the Trainer's own rotation and push, blind to incomplete saves, stay off.
+    training_args.save_total_limit, training_args.push_to_hub = None, False
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
     result = trainer.train(resume_from_checkpoint=resume)
@@ -253,6 +305,7 @@ def run(argv: list[str]) -> dict[str, float]:
     trainer.save_metrics("train", result.metrics)
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
+        write_run_config(out / "run_config.json", model_args, data_args, trainer)
         checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
         print(f"hf_zero3: final model: {out}", flush=True)
         if checkpoints:

@@ -1,12 +1,41 @@
 """TrainerCallbacks, one per file; usable alone with any `transformers.Trainer` (`trainer.add_callback`)."""
 
+from hf_zero3.callbacks.checkpoint_guard import CheckpointGuardCallback
+from hf_zero3.callbacks.deepspeed_timers import DeepSpeedTimersCallback
+from hf_zero3.callbacks.hub_push import HubPushCallback
 from hf_zero3.callbacks.jsonl_log import JsonlLogCallback
+from hf_zero3.callbacks.memory import MemoryCallback
+from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
-def default_callbacks(training_args) -> list:
-    """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments)."""
-    callbacks = [JsonlLogCallback()]
+def default_callbacks(training_args, seq_len: int | None = None) -> list:
+    """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments).
+
+    Order matters: the ones that add fields to the logs come before JsonlLogCallback, which writes them.
+    """
+    callbacks = [MemoryCallback()]
+    if seq_len:
+        callbacks.append(ThroughputCallback(seq_len=seq_len))
+    callbacks.append(JsonlLogCallback())
+    callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit))
+    if training_args.push_to_hub:  # after the guard: pushes only checkpoints it marked complete
+        callbacks.append(HubPushCallback(training_args.hub_model_id, private=bool(training_args.hub_private_repo),
+                                         revision=training_args.hub_revision))
     return callbacks
 
 
-__all__ = ["JsonlLogCallback", "default_callbacks"]
+def install_callbacks(trainer, callbacks: list) -> None:
+    """Put `callbacks` after the Trainer's flow and console printers but before the `report_to`
+    integrations, so that TensorBoard & co. receive the fields our callbacks add to each log record,
+    while the console line stays the stock one."""
+    from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
+
+    handler = trainer.callback_handler
+    first = [cb for cb in handler.callbacks if isinstance(cb, (DefaultFlowCallback, PrinterCallback,
+                                                               ProgressCallback))]
+    rest = [cb for cb in handler.callbacks if cb not in first]
+    handler.callbacks = first + list(callbacks) + rest
+
+
+__all__ = ["CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
+           "MemoryCallback", "ThroughputCallback", "default_callbacks", "install_callbacks"]

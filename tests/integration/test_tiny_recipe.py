@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -61,14 +62,34 @@ def test_checkpoint_weights_load_and_reproduce_the_logged_eval_loss(launcher_run
     assert not torch.equal(early.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
+def test_every_logging_step_carries_memory_and_throughput(launcher_run):
+    _, out = launcher_run
+    steps = [r for r in train_log(out) if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(10, 101, 10))
+    for r in steps:
+        assert r["host_rss_gb"] > 0.1 and r["host_available_gb"] > 0
+        assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / 2, rel=1e-3)
+        assert r["step_time_s"] > 0 and r["tflops_per_gpu"] > 0
+        assert "mfu" not in r  # no GPU peak on CPU
+        assert r["tokens_seen"] == r["step"] * 8 * 2 * 128  # micro x ranks x block size, every step
+    rows = [json.loads(line) for line in (out / "memory.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rank"]) for r in rows] == [(s, k) for s in range(10, 101, 10) for k in (0, 1)]
+    assert all(r["host_rss_gb"] > 0.1 for r in rows)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert any("host_rss_gb" in r for r in state["log_history"])  # what report_to integrations see too
+
+
 def test_torchrun_launches_the_same_entry_point(tmp_path):
+    """Also: our token count equals the Trainer's own count of non-padding tokens fed."""
     out = tmp_path / "run"
     proc = run(["torchrun", "--nproc_per_node", "2", "--master_port", free_port(), "-m", "hf_zero3.train", TINY_YAML,
-                "--max_steps", "6", "--logging_steps", "3", "--output_dir", out])
+                "--max_steps", "6", "--logging_steps", "3", "--include_num_input_tokens_seen", "non_padding",
+                "--output_dir", out])
     assert proc.returncode == 0, explain(proc)
     assert "ZeRO stage 3 | world size 2 |" in proc.stdout
     assert (out / "model.safetensors").is_file()
-    assert len(losses(out)) == 2
+    steps = [r for r in train_log(out) if "loss" in r]
+    assert [r["tokens_seen"] for r in steps] == [r["num_input_tokens_seen"] for r in steps] == [3 * 2048, 6 * 2048]
 
 
 def test_single_process_without_a_launcher(tmp_path):

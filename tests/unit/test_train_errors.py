@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from hf_zero3.distributed import free_port
 from hf_zero3.train import load_arguments, main
 from tests.conftest import ROOT, TINY_YAML
 
@@ -15,7 +16,7 @@ from tests.conftest import ROOT, TINY_YAML
 def single_rank_env(monkeypatch):
     """Rank variables present, so the entry point leaves the process environment alone."""
     for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(key, value)
 
 
@@ -97,3 +98,19 @@ def test_yaml_and_overrides_merge_with_types(tmp_path):
     assert values["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert values["deepspeed"] == str(ROOT / "recipes/tiny/ds_config.json")  # found next to the YAML
     assert values["block_size"] == 128  # from the YAML
+
+
+def test_yaml_1_1_booleans_and_null_reach_the_fields_as_meant(tmp_path):
+    config = tmp_path / "args.yaml"
+    config.write_text("eval_strategy: no\nsave_strategy: no\nlearning_rate: 2e-5\nvalidation_file: null\n")
+    values = load_arguments([str(config), "--report_to", "none", "--fsdp_config", '{"fsdp_version": 2}'])
+    assert values["eval_strategy"] == values["save_strategy"] == "no"
+    assert values["learning_rate"] == 2e-5 and values["validation_file"] is None
+    assert values["report_to"] == "none" and values["fsdp_config"] == {"fsdp_version": 2}
+
+
+@pytest.mark.parametrize("flag, value, message", [("--max_steps", "ten", "max_steps takes a number"),
+                                                  ("--bf16", "maybe", "bf16 takes true or false")])
+def test_badly_typed_override_names_the_field(capsys, flag, value, message):
+    assert main([str(TINY_YAML), flag, value]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,271 @@
+"""`hf-zero3 bench`: our recipe and the stock baselines, one after another, on the same model, sequence
+length, global batch and GPUs; one report with tokens/s, TFLOP/s, MFU and memory side by side.
+
+Each variant is a real `hf_zero3.train` run in its own process group (fresh CUDA context, fresh peak
+memory), launched as a user would launch it: DeepSpeed's launcher for ZeRO, torchrun for FSDP2.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STOCK_ZERO3 = {
+    # transformers' documented ZeRO-3 template ("auto" everywhere the Trainer fills), DeepSpeed's AdamW and
+    # WarmupLR, no offload; `stock_offload` is the same template with its CPU offload of params and optimizer.
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
+                          "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+                          "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+BASELINES = ("stock", "stock_offload", "fsdp2")
+FSDP2_CONFIG = {"fsdp_version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "activation_checkpointing": True}
+
+
+@dataclass
+class Variant:
+    """One benchmarked configuration: a name, the launcher, and the train overrides that define it."""
+
+    name: str
+    launcher: str  # "deepspeed" or "torchrun"
+    overrides: list[str] = field(default_factory=list)
+    ds_config: dict | None = None
+
+
+def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool) -> list[Variant]:
+    """`ours` (the recipe as it is) followed by the requested baselines."""
+    ours_config = json.loads((recipe_dir / "ds_config.json").read_text())
+    variants = [Variant("ours", "deepspeed", ds_config=ours_config)]
+    for name in against:
+        if name not in BASELINES:
+            raise ValueError(f"unknown baseline {name!r}: choose from {', '.join(BASELINES)}")
+        if name == "fsdp2":
+            variants.append(Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
+                                                       "--fsdp_config", json.dumps(FSDP2_CONFIG)]))
+            continue
+        config = copy.deepcopy(STOCK_ZERO3)
+        if name == "stock_offload":
+            config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
+            config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
+        if not on_gpu:  # DeepSpeed's fused GPU Adam does not exist on CPU; torch's Adam is what runs there
+            config["optimizer"]["params"]["torch_adam"] = True
+        variants.append(Variant(name, "deepspeed", ["--gradient_checkpointing", "true",
+                                                    "--gradient_checkpointing_kwargs", '{"use_reentrant": false}'],
+                                ds_config=config))
+    if breakdown:
+        for variant in variants:
+            if variant.ds_config is not None:
+                variant.ds_config["wall_clock_breakdown"] = True
+    return variants
+
+
+def launch_command(variant: Variant, gpus: int, port: int, yaml_path: Path, overrides: list[str]) -> list[str]:
+    if variant.launcher == "torchrun":
+        head = ["torchrun", "--nproc_per_node", str(gpus), "--master_port", str(port), "-m", "hf_zero3.train"]
+    else:
+        head = ["deepspeed", "--num_gpus", str(gpus), "--master_port", str(port), "--module", "hf_zero3.train"]
+    return [*head, str(yaml_path), *overrides, *variant.overrides]
+
+
+def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
+    """Medians over the steps after warmup; peaks over the whole run."""
+    steps = [r for r in records if "loss" in r and r["step"] > warmup]
+    every = [r for r in records if "loss" in r]
+
+    def median(key):
+        values = [r[key] for r in steps if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    def peak(key):
+        values = [r[key] for r in every if r.get(key) is not None]
+        return max(values) if values else None
+
+    summary = {key: median(key) for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s",
+                                             "ds_fwd_ms", "ds_bwd_ms", "ds_step_ms")}
+    summary.update({key: peak(key) for key in ("gpu_peak_allocated_gb", "gpu_peak_reserved_gb", "host_rss_gb")})
+    summary["final_loss"] = every[-1]["loss"] if every else None
+    summary["steps_measured"] = len(steps)
+    return summary
+
+
+def hardware_label() -> tuple[str, str]:
+    """(short label for file names, long description) of this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        short = name.replace("NVIDIA ", "").split()[0]
+        count = torch.cuda.device_count()
+        mem = torch.cuda.get_device_properties(0).total_memory / 1024**3
+        return f"{count}x{short}", f"{count} x {name} ({mem:.0f} GiB), {os.cpu_count()} CPU cores"
+    return f"cpu{os.cpu_count()}", f"CPU only: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
+
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import deepspeed
+    import torch
+    import transformers
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+             "transformers": transformers.__version__, "accelerate": accelerate.__version__}
+    if torch.cuda.is_available():
+        found["cuda"] = torch.version.cuda or "?"
+        try:
+            found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                             capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+        except (OSError, subprocess.SubprocessError):
+            found["driver"] = "?"
+    return found
+
+
+def _fmt(value, digits=1, scale=1.0, suffix=""):
+    return "—" if value is None else f"{value * scale:.{digits}f}{suffix}"
+
+
+def render_report(meta: dict, results: dict[str, dict]) -> str:
+    lines = [f"# {meta['title']}", "", f"Date: {meta['date']}  ", f"Hardware: {meta['hardware']}  ",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + "  ",
+             f"Model: {meta['model']}; sequence length {meta['seq_len']}; global batch {meta['global_batch']} "
+             f"sequences ({meta['global_batch'] * meta['seq_len']} tokens) per step; {meta['steps']} measured steps "
+             f"after {meta['warmup']} warm-up steps (medians; peaks over the whole run).", "",
+             "Command:", "", "```", meta["command"], "```", "",
+             "| config | tokens/s/GPU | TFLOP/s/GPU | MFU (vs 989) | peak alloc GiB | peak reserved GiB | host RSS GiB "
+             "| step s | fwd/bwd/step ms | final loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} | | | | | | | | |")
+            continue
+        breakdown = "/".join(_fmt(r.get(k), 0) for k in ("ds_fwd_ms", "ds_bwd_ms", "ds_step_ms"))
+        lines.append(f"| {name} | {_fmt(r['tokens_per_s_per_gpu'], 0)} | {_fmt(r['tflops_per_gpu'], 1)} | "
+                     f"{_fmt(r['mfu'], 1, 100, '%')} | {_fmt(r['gpu_peak_allocated_gb'], 2)} | "
+                     f"{_fmt(r['gpu_peak_reserved_gb'], 2)} | {_fmt(r['host_rss_gb'], 2)} | {_fmt(r['step_time_s'], 3)} | "
+                     f"{breakdown} | {_fmt(r['final_loss'], 3)} |")
+    ours = results.get("ours", {})
+    for name, r in results.items():
+        if name != "ours" and "error" not in r and "error" not in ours and r.get("tokens_per_s_per_gpu"):
+            lines.append("")
+            lines.append(f"ours / {name}: {ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
+    lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
+              "embeddings) against the GPU's dense bf16 peak (989 TFLOP/s for H100/H200).", "",
+              "## Resolved configurations", ""]
+    for name, config in meta["configs"].items():
+        lines += [f"### {name}", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
+    """tokens/s per GPU and peak allocated memory per step, one line per variant; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for name, records in per_variant.items():
+        steps = [r for r in records if "loss" in r]
+        top.plot([r["step"] for r in steps], [r.get("tokens_per_s_per_gpu") for r in steps], marker="o", label=name)
+        key = "gpu_peak_allocated_gb" if any("gpu_peak_allocated_gb" in r for r in steps) else "host_rss_gb"
+        bottom.plot([r["step"] for r in steps], [r.get(key) for r in steps], marker="o", label=name)
+        bottom.set_ylabel(f"{key} (GiB)")
+    top.set_ylabel("tokens/s per GPU")
+    bottom.set_xlabel("step")
+    top.legend()
+    top.grid(alpha=0.3)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _follow(proc: subprocess.Popen, log: Path, total: int, label: str) -> int:
+    """Wait for a run, showing a progress bar from its train_log.jsonl."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=label, unit="step", file=sys.stderr) as bar:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
+            bar.update(max(0, done - bar.n))
+    return proc.returncode
+
+
+def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
+              work_dir: Path, extra: list[str], breakdown: bool, model_label: str, seq_len: int,
+              global_batch: int, command: str) -> Path:
+    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md."""
+    from hf_zero3.distributed import cuda_available, free_port
+
+    on_gpu = cuda_available()
+    variants = build_variants(recipe_dir, against, breakdown, on_gpu)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    per_variant: dict[str, list[dict]] = {}
+    results: dict[str, dict] = {}
+    configs: dict[str, Any] = {}
+    for index, variant in enumerate(variants, 1):
+        run_dir = work_dir / variant.name
+        overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
+                     "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
+                     "--output_dir", str(run_dir), "--overwrite_output_dir", "true", *extra]
+        if variant.ds_config is not None:
+            config_path = work_dir / f"{variant.name}_ds_config.json"
+            config_path.write_text(json.dumps(variant.ds_config, indent=2))
+            overrides += ["--deepspeed", str(config_path)]
+        cmd = launch_command(variant, gpus, free_port(), recipe_dir / "train_args.yaml", overrides)
+        with (work_dir / f"{variant.name}.log").open("w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps, f"[{index}/{len(variants)}] {variant.name}")
+        records = _read_jsonl(run_dir / "train_log.jsonl")
+        per_variant[variant.name] = records
+        if code != 0:
+            tail = (work_dir / f"{variant.name}.log").read_text().strip().splitlines()[-1:] or ["?"]
+            results[variant.name] = {"error": f"exit {code}: {tail[0][:160]} (log: {work_dir / variant.name}.log)"}
+        else:
+            results[variant.name] = summarize(records, warmup)
+        run_config = run_dir / "run_config.json"
+        configs[variant.name] = json.loads(run_config.read_text()) if run_config.exists() else {"cmd": cmd}
+        configs[variant.name]["command"] = shlex.join(cmd)
+    short_hw, long_hw = hardware_label()
+    date = datetime.date.today().isoformat()
+    stem = f"{model_label}_{short_hw}_{date}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
+            "versions": versions(), "model": model_label, "seq_len": seq_len, "global_batch": global_batch,
+            "steps": steps, "warmup": warmup, "command": command, "configs": configs}
+    with (out_dir / f"{stem}.jsonl").open("w") as f:
+        for name, records in per_variant.items():
+            for record in records:
+                f.write(json.dumps({"variant": name, **record}) + "\n")
+    report = out_dir / f"{stem}.md"
+    report.write_text(render_report(meta, results))
+    if plot(out_dir / f"{stem}.png", per_variant):
+        with report.open("a") as f:
+            f.write(f"\n![tokens/s and memory per step]({stem}.png)\n")
+    return report
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

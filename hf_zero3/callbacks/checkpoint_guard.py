@@ -1,0 +1,140 @@
+"""After every save: verify the checkpoint on all ranks, mark it complete, keep the newest N complete ones."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from hf_zero3 import checkpoint as ckpt
+from hf_zero3.callbacks._gather import gather_from_ranks
+
+
+class CheckpointGuardCallback(TrainerCallback):
+    """Make `checkpoint-N` count only once every rank's part is verified; rotate over complete checkpoints.
+
+    Why: the Trainer's save has no notion of "finished": a kill or a full disk mid-save leaves a folder that
+    `get_last_checkpoint` happily resumes from, and its rotation counts such folders and may delete the newest
+    good checkpoint. Here, after each save, every rank checks its own DeepSpeed shards and RNG state, rank 0
+    checks `latest`, the trainer state and the gathered 16-bit weights, and only then writes
+    `hf_zero3_complete.json` (see `hf_zero3.checkpoint`). Before a save, every rank checks that the disk can
+    hold one more checkpoint, so a full disk is a clear error instead of a half-written folder.
+
+    Args:
+        save_total_limit: complete checkpoints to keep (None: keep all). Set it here and leave
+            `TrainingArguments.save_total_limit` at None: the Trainer's own rotation counts incomplete folders.
+        space_margin: free space wanted before a save, as a multiple of the newest complete checkpoint's size.
+    """
+
+    def __init__(self, save_total_limit: int | None = None, space_margin: float = 1.05):
+        self.save_total_limit = save_total_limit
+        self.space_margin = space_margin
+        self._started = (time.time(), 0)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if args.save_total_limit is not None:
+            raise ckpt.CheckpointError(
+                f"TrainingArguments.save_total_limit={args.save_total_limit} would let the Trainer delete "
+                "checkpoints by folder name, complete or not: set it to None and pass "
+                "CheckpointGuardCallback(save_total_limit=...) instead (hf-zero3 train does this for you)")
+        self._started = (time.time(), state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._before_save(args, state)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._before_save(args, state)
+
+    def _before_save(self, args, state) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        newest = ckpt.newest_complete(args.output_dir)
+        need = int((ckpt.read_marker(newest) or {}).get("bytes", 0) * self.space_margin) if newest else 0
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(args.output_dir).free
+        short = gather_from_ranks({"rank": args.process_index, "free": free, "short": free < need})
+        if any(r["short"] for r in short):
+            worst = min(r["free"] for r in short)
+            raise ckpt.CheckpointError(
+                f"disk full: checkpoint-{state.global_step} needs about {need / 1e9:.3f} GB but only "
+                f"{worst / 1e9:.3f} GB is free under {args.output_dir}. Nothing was written; the newest complete "
+                f"checkpoint is {newest}. Free space (or lower save_total_limit, or move output_dir), then resume "
+                "with --resume_from_checkpoint auto")
+        if state.is_world_process_zero:
+            ckpt.mark_saving(folder)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, deepspeed=bool(args.deepspeed))
+        if state.is_world_process_zero:
+            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args))
+        problems = [p for record in gather_from_ranks({"problems": problems}) for p in record["problems"]]
+        if problems:
+            raise ckpt.CheckpointError(
+                f"{folder} is incomplete: {'; '.join(problems)}. It has no completion marker, so it is never "
+                f"resumed from; the newest complete checkpoint is {ckpt.newest_complete(args.output_dir)}")
+        if not state.is_world_process_zero:
+            return
+        ckpt.write_marker(folder, _provenance(args, state, self._started))
+        for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
+            print(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)", flush=True)
+
+
+def _gathers_weights(args) -> bool:
+    """The Trainer writes full weights unless ZeRO-3 runs with 16-bit gathering off."""
+    if not args.deepspeed:
+        return True
+    zero = args.hf_deepspeed_config.config.get("zero_optimization", {})
+    return zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save"))
+
+
+def _hardware(args) -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    else:
+        device = f"CPU {platform.machine()} {platform.processor() or ''}".strip()
+    return {"ranks": args.world_size, "device": device}
+
+
+def _recipe(args) -> dict:
+    """A recipe is a folder with train_args.yaml next to ds_config.json; its first line says `(vN)`."""
+    import re
+
+    if not isinstance(args.deepspeed, str):
+        return {}
+    yaml_file = Path(args.deepspeed).parent / "train_args.yaml"
+    if not yaml_file.is_file():
+        return {}
+    version = re.search(r"\(v(\d+)\)", (yaml_file.read_text().splitlines() or [""])[0])
+    return {"name": yaml_file.parent.name, "version": f"v{version.group(1)}" if version else None}
+
+
+def _provenance(args, state, started) -> dict:
+    """What wrote this checkpoint: for resume checks (world size) and for the model card."""
+    import json
+
+    from hf_zero3 import __version__
+
+    seconds, first_step = time.time() - started[0], started[1]
+    steps = state.global_step - first_step
+    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    losses = [r["loss"] for r in state.log_history if "loss" in r]
+    return {
+        "world_size": args.world_size,
+        "weights_16bit": _gathers_weights(args),
+        "hf_zero3_version": __version__,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hardware": _hardware(args),
+        "recipe": _recipe(args),
+        "loss": losses[-1] if losses else None,
+        "throughput": {"steps_per_second": steps / seconds, "samples_per_second": steps * global_batch / seconds,
+                       "measured_over_steps": steps} if steps > 0 and seconds > 0 else None,
+        "ds_config": args.hf_deepspeed_config.config if args.deepspeed else None,
+        "training_args": json.loads(args.to_json_string()),  # to_dict masks every *_token field
+    }

@@ -1,0 +1,104 @@
+"""Per-step GPU and host memory of every rank: what `nvidia-smi dmon` and DeepSpeed's logs were used for."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from hf_zero3.callbacks._gather import gather_from_ranks, merge_into_logs
+
+GB = 1024**3
+
+
+def host_memory() -> dict[str, float]:
+    """This process's resident memory and the machine's available RAM, in GiB."""
+    import psutil
+
+    return {"host_rss_gb": psutil.Process(os.getpid()).memory_info().rss / GB,
+            "host_available_gb": psutil.virtual_memory().available / GB}
+
+
+def gpu_memory() -> dict[str, float]:
+    """torch's view of this rank's GPU (allocated, reserved, peaks, pinned host) and NVML's, if present."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    device = torch.cuda.current_device()
+    stats = {
+        "gpu_allocated_gb": torch.cuda.memory_allocated(device) / GB,
+        "gpu_reserved_gb": torch.cuda.memory_reserved(device) / GB,
+        "gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(device) / GB,
+        "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(device) / GB,
+    }
+    try:
+        stats["pinned_host_gb"] = torch.cuda.host_memory_stats()["allocated_bytes.all.current"] / GB
+    except (AttributeError, KeyError, RuntimeError):
+        pass
+    stats.update(_nvml(device))
+    return stats
+
+
+def _nvml(device: int) -> dict[str, float]:
+    try:
+        import pynvml
+    except ImportError:  # nvidia-ml-py is optional
+        return {}
+    try:
+        pynvml.nvmlInit()
+        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", str(device)).split(",")[device])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {"gpu_used_gb": pynvml.nvmlDeviceGetMemoryInfo(handle).used / GB,
+                "gpu_util_pct": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                "gpu_power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000}
+    except (pynvml.NVMLError, ValueError, IndexError):
+        return {}
+
+
+class MemoryCallback(TrainerCallback):
+    """Memory of every rank at every logging step: into the Trainer's logs (max over ranks, so TensorBoard
+    and any `report_to` get them), one row per rank into `<output_dir>/memory.jsonl`, and a compact line on
+    rank 0. On CPU only the host figures appear.
+
+    Precondition: every rank logs at the same steps (the Trainer does), since the figures are gathered.
+
+    Args:
+        filename: JSONL file inside `args.output_dir`.
+        print_line: print the compact line on rank 0.
+    """
+
+    def __init__(self, filename: str = "memory.jsonl", print_line: bool = True):
+        self.filename = filename
+        self.print_line = print_line
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:  # training steps only: eval/summary records are not per step
+            return
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        record: dict[str, Any] = {"rank": rank, **gpu_memory(), **host_memory()}
+        records = gather_from_ranks(record)
+        if not state.is_world_process_zero:
+            return
+        worst = {key: round(max(r[key] for r in records if key in r), 4)
+                 for key in records[0] if key not in ("rank", "host_available_gb")}
+        worst["host_available_gb"] = round(min(r["host_available_gb"] for r in records), 4)
+        merge_into_logs(state, logs, worst)
+        path = Path(args.output_dir) / self.filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            for r in records:
+                f.write(json.dumps({"step": state.global_step, **{k: v for k, v in r.items()}}) + "\n")
+        if self.print_line:
+            parts = [f"step {state.global_step}"]
+            if "gpu_peak_allocated_gb" in worst:
+                parts.append(f"gpu peak {worst['gpu_peak_allocated_gb']:.2f}/{worst['gpu_peak_reserved_gb']:.2f} "
+                             "GiB alloc/reserved")
+            parts.append(f"host rss {worst['host_rss_gb']:.2f} GiB (max of {len(records)} ranks), "
+                         f"available {worst['host_available_gb']:.1f} GiB")
+            print("hf_zero3 memory: " + " | ".join(parts), flush=True)

@@ -1,0 +1,90 @@
+"""Tokens/s, step time, TFLOP/s per GPU and MFU at every logging step."""
+
+from __future__ import annotations
+
+import time
+
+from transformers import TrainerCallback
+
+from hf_zero3.callbacks._gather import merge_into_logs
+
+PEAK_TFLOPS = {
+    # Dense bf16/fp16 tensor-core peak per GPU (vendor datasheets, without sparsity), matched by name.
+    "H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "A800": 312.0,
+    "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0,
+    "T4": 65.0,
+}
+"""Peak TFLOP/s used for MFU; pass `peak_tflops=` for GPUs not listed."""
+
+
+def detect_peak_tflops() -> float | None:
+    """Peak dense TFLOP/s of this rank's GPU by its name, or None (CPU, unknown GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # "L40S" before "L40" before "L4"
+        if key in name:
+            return PEAK_TFLOPS[key]
+    return None
+
+
+class ThroughputCallback(TrainerCallback):
+    """Throughput between logging steps, into the Trainer's logs (so every `report_to` gets it).
+
+    Tokens are the real tokens fed: the Trainer's own count when `include_num_input_tokens_seen` is on,
+    else micro batch x accumulation x world size x `seq_len` per step, which is exact for packed blocks
+    (no padding). Model FLOPs per token are 6N + 12·L·H·S (PaLM, appendix B), with N counted from the
+    model config, so they are right under ZeRO-3 where each rank holds only a shard of the parameters.
+
+    Args:
+        seq_len: tokens per sample (the block size).
+        flops_per_token: model FLOPs per trained token; default: from the model's config.
+        peak_tflops: GPU peak for MFU; default: looked up by GPU name (None on CPU: no MFU).
+    """
+
+    def __init__(self, seq_len: int, flops_per_token: float | None = None, peak_tflops: float | None = None):
+        self.seq_len = seq_len
+        self.flops_per_token = flops_per_token
+        self.peak_tflops = peak_tflops
+        self._last_time = self._last_step = self._last_tokens = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.seq_len < 1:
+            raise ValueError(f"ThroughputCallback needs seq_len >= 1 (got {self.seq_len}): pass the block size")
+        if self.flops_per_token is None and model is not None:
+            from hf_zero3.models import flops_per_token, shape_from_config
+
+            self.flops_per_token = flops_per_token(shape_from_config(model.config), self.seq_len)
+        if self.peak_tflops is None:
+            self.peak_tflops = detect_peak_tflops()
+        self._mark(args, state)
+
+    def _tokens(self, args, state) -> int:
+        if args.include_num_input_tokens_seen not in ("no", False, None):
+            return state.num_input_tokens_seen
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        return state.global_step * per_step * self.seq_len
+
+    def _mark(self, args, state) -> None:
+        self._last_time, self._last_step, self._last_tokens = time.perf_counter(), state.global_step, \
+            self._tokens(args, state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs or self._last_time is None or state.global_step <= self._last_step:
+            return
+        seconds = time.perf_counter() - self._last_time
+        steps = state.global_step - self._last_step
+        tokens = self._tokens(args, state) - self._last_tokens
+        tokens_per_s = tokens / seconds
+        values = {"step_time_s": round(seconds / steps, 4), "tokens_per_s": round(tokens_per_s, 2),
+                  "tokens_per_s_per_gpu": round(tokens_per_s / args.world_size, 2),
+                  "samples_per_s": round(tokens_per_s / self.seq_len, 3), "tokens_seen": self._tokens(args, state)}
+        if self.flops_per_token:
+            tflops = tokens_per_s / args.world_size * self.flops_per_token / 1e12
+            values["tflops_per_gpu"] = round(tflops, 3)
+            if self.peak_tflops:
+                values["mfu"] = round(tflops / self.peak_tflops, 4)
+        merge_into_logs(state, logs, values)
+        self._mark(args, state)

@@ -1,0 +1,54 @@
+"""`hf-zero3 export | reshard | push`: argument parsing and dispatch to hf_zero3.export and hf_zero3.hub."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(verbs) -> None:
+    """Add the export, reshard and push verbs to the `hf-zero3` subparsers."""
+    export = verbs.add_parser("export", help="ZeRO-3 checkpoint -> plain HF folder (sharded safetensors)")
+    export.add_argument("checkpoint", help="a complete checkpoint-N folder")
+    export.add_argument("out", help="new (or empty) output folder")
+    export.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
+    export.add_argument("--shard-size", default="5GB", help="max safetensors shard size, e.g. 5GB, 500MB")
+    export.set_defaults(func=main)
+
+    reshard = verbs.add_parser("reshard", help="add a DeepSpeed universal copy, to resume on another world size")
+    reshard.add_argument("checkpoint", help="a complete checkpoint-N folder")
+    reshard.add_argument("--workers", type=int, default=2, help="processes for the conversion")
+    reshard.set_defaults(func=main)
+
+    push = verbs.add_parser("push", help="upload an exported folder to the Hub (token: HF_TOKEN or hf auth login)")
+    push.add_argument("folder", help="a folder written by `hf-zero3 export`")
+    push.add_argument("--repo-id", required=True, help="ORG/NAME")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--revision", help="branch to push to (created if needed)")
+    push.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hf_zero3.checkpoint import CheckpointError
+
+    try:
+        if args.verb == "export":
+            from hf_zero3.export import export_checkpoint
+
+            out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size)
+            print(f"exported {args.checkpoint} -> {out} ({args.dtype})")
+        elif args.verb == "reshard":
+            from hf_zero3.export import reshard_checkpoint
+
+            out = reshard_checkpoint(args.checkpoint, workers=args.workers)
+            print(f"wrote {out}: resume on any number of ranks with --resume_from_checkpoint {args.checkpoint} "
+                  'and "checkpoint": {"load_universal": true} in the ds_config')
+        else:
+            from hf_zero3.hub import push_folder
+
+            url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
+            print(f"pushed {args.folder} to {args.repo_id}: {url}")
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

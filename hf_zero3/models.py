@@ -1,0 +1,220 @@
+"""Model shapes for the planner: named Llama shapes, or read from a config folder, hub id or recipe.
+
+The planner needs exact parameter counts without building the model, so they are computed here from
+the shape (a test checks them against `sum(p.numel())` of a real `LlamaForCausalLM` on the meta device).
+The formulas are the Llama family's: RMSNorm, GQA attention, SwiGLU MLP, optional biases, untied or
+tied `lm_head`. `flops_per_token` is imported by the throughput callback; keep its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+"""Repository root: recipes/ and assets/ are looked up here."""
+
+
+class ModelError(ValueError):
+    """A model that cannot be resolved; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama-family decoder that decide its memory; parameter counts derive from them."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int = 0
+    """0 means hidden // heads (the Llama default)."""
+    tied_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    max_positions: int = 4096
+
+    def __post_init__(self):
+        for field in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "max_positions"):
+            if getattr(self, field) < 1:
+                raise ModelError(f"model {self.name}: {field} must be >= 1 (got {getattr(self, field)})")
+        if self.heads % self.kv_heads:
+            raise ModelError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "
+                             f"({self.kv_heads})")
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        """0 when tied: the output projection reuses the embedding matrix."""
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    @property
+    def attention_params(self) -> int:
+        """q, k, v, o projections of one layer (GQA: k and v are kv_dim wide)."""
+        weights = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        biases = self.q_dim + 2 * self.kv_dim + self.hidden if self.attention_bias else 0
+        return weights + biases
+
+    @property
+    def mlp_params(self) -> int:
+        """gate, up, down projections of one layer (SwiGLU)."""
+        return 3 * self.hidden * self.ffn + ((2 * self.ffn + self.hidden) if self.mlp_bias else 0)
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: attention, MLP and its two RMSNorms."""
+        return self.attention_params + self.mlp_params + 2 * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Every parameter: embedding, layers, final norm, untied lm_head."""
+        return self.embedding_params + self.layers * self.layer_params + self.hidden + self.lm_head_params
+
+    @property
+    def largest_module_params(self) -> int:
+        """The biggest leaf module (ZeRO-3 gathers one leaf module at a time): embedding, lm_head or an MLP linear."""
+        mlp_linear = self.hidden * self.ffn + (self.ffn if self.mlp_bias else 0)
+        q_proj = self.hidden * self.q_dim + (self.q_dim if self.attention_bias else 0)
+        return max(self.embedding_params, mlp_linear, q_proj)
+
+    @property
+    def small_params(self) -> int:
+        """Parameters below ZeRO-3's persistence threshold (10 x hidden): the RMSNorm weights."""
+        return (2 * self.layers + 1) * self.hidden
+
+
+def matmul_params(shape: ModelShape) -> int:
+    """N of `flops_per_token`: every parameter except the input embedding table (a lookup, no FLOPs).
+
+    The output projection is counted even when tied, because the logits matmul is real work. This is
+    torchtitan's choice (`get_num_flop_per_token` with embeddings excluded).
+    """
+    return shape.params - shape.embedding_params + (shape.embedding_params if shape.tied_embeddings else 0)
+
+
+def flops_per_token(shape: ModelShape, seq_len: int) -> int:
+    """Training FLOPs per token: 6·N + 12·L·H·S (PaLM, appendix B), N = `matmul_params(shape)`.
+
+    6·N is forward + backward of the matmuls; 12·L·H·S the attention scores and values, with H the
+    query width (heads x head_dim, = hidden for Llama) and no discount for the causal mask (PaLM's
+    convention, so MFU figures compare across codebases).
+    """
+    return 6 * matmul_params(shape) + 12 * shape.layers * shape.q_dim * seq_len
+
+
+def _llama2(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int) -> ModelShape:
+    return ModelShape(name, layers, hidden, ffn, heads, kv_heads, vocab=32000, max_positions=4096)
+
+
+NAMED_SHAPES: dict[str, Any] = {
+    "tiny": lambda: load_config_shape(str(ROOT / "assets" / "tiny" / "model"), name="tiny"),
+    "7b": lambda: _llama2("7b", 32, 4096, 11008, 32, 32),
+    "13b": lambda: _llama2("13b", 40, 5120, 13824, 40, 40),
+    "70b": lambda: _llama2("70b", 80, 8192, 28672, 64, 8),
+    "8b": lambda: ModelShape("8b", 32, 4096, 14336, 32, 8, vocab=128256, max_positions=8192),
+}
+"""tiny: the tiny recipe's config; 7b/13b/70b: Llama-2; 8b: Llama-3-8B (128k vocabulary, untied)."""
+
+
+def shape_from_config(config: Any, name: str = "") -> ModelShape:
+    """A shape from a transformers config object (or anything with the same attribute names)."""
+    get = (lambda key, default=None: config.get(key, default)) if isinstance(config, dict) else (
+        lambda key, default=None: getattr(config, key, default))
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                           "vocab_size") if get(k) is None]
+    if missing:
+        raise ModelError(f"model {name}: config has no {', '.join(missing)}; the planner models Llama-style "
+                         "decoders (Llama, Mistral, Qwen2, ...): pass --model with such a config or a named shape")
+    heads = get("num_attention_heads")
+    return ModelShape(
+        name=name or str(get("_name_or_path", "") or get("model_type", "model")),
+        layers=get("num_hidden_layers"),
+        hidden=get("hidden_size"),
+        ffn=get("intermediate_size"),
+        heads=heads,
+        kv_heads=get("num_key_value_heads") or heads,
+        vocab=get("vocab_size"),
+        head_dim=get("head_dim") or 0,
+        tied_embeddings=bool(get("tie_word_embeddings", False)),
+        attention_bias=bool(get("attention_bias", False)),
+        mlp_bias=bool(get("mlp_bias", False)),
+        max_positions=get("max_position_embeddings") or 4096,
+    )
+
+
+def load_config_shape(source: str, name: str = "", overrides: str | None = None) -> ModelShape:
+    """Read a config folder or hub id with `AutoConfig` (local cache first, so it works offline)."""
+    from transformers import AutoConfig
+
+    try:
+        try:
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+        except OSError:
+            if os.path.isdir(source):
+                raise
+            config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"could not read a model config from {source!r} ({str(e).splitlines()[0]}). Pass a "
+                         f"named shape ({', '.join(NAMED_SHAPES)}), a local folder with config.json, or a hub id "
+                         "that is in the HF cache or reachable (set HF_HUB_OFFLINE=1 to skip the network)") from e
+    if overrides:
+        config.update_from_string(overrides)
+    return shape_from_config(config, name or source)
+
+
+def _recipe_model(recipe_yaml: Path) -> tuple[str, str | None]:
+    import yaml
+
+    values = yaml.safe_load(recipe_yaml.read_text()) or {}
+    source = values.get("model_name_or_path") or values.get("config_name")
+    if not source:
+        raise ModelError(f"{recipe_yaml} names no model (model_name_or_path or config_name): add one")
+    if not os.path.isabs(source) and (ROOT / source).exists():
+        source = str(ROOT / source)
+    return source, values.get("config_overrides")
+
+
+def load_shape(model: str) -> ModelShape:
+    """`--model`: a named shape, a recipe name (recipes/<name>/), a config folder (or its config.json), a hub id."""
+    if model in NAMED_SHAPES:
+        return NAMED_SHAPES[model]()
+    recipe = ROOT / "recipes" / model / "train_args.yaml"
+    if "/" not in model and recipe.is_file():
+        source, overrides = _recipe_model(recipe)
+        return load_config_shape(source, name=model, overrides=overrides)
+    path = Path(model).expanduser()
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if path.is_dir():
+        return load_config_shape(str(path), name=model)
+    if model.startswith((".", "/", "~")) or model.count("/") != 1:
+        recipes = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/train_args.yaml"))
+        raise ModelError(f"unknown model {model!r}: use a named shape ({', '.join(NAMED_SHAPES)}), a recipe "
+                         f"({', '.join(recipes) or 'none'}), a folder with config.json, or a hub id like org/name")
+    return load_config_shape(model)
+
+
+def with_changes(shape: ModelShape, **changes: Any) -> ModelShape:
+    """A copy of `shape` with some sizes changed (e.g. from --layers/--hidden on the command line)."""
+    if {"hidden", "heads"} & changes.keys() and "head_dim" not in changes:
+        changes["head_dim"] = 0  # re-derive hidden // heads
+    return dataclasses.replace(shape, **changes)

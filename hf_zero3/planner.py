@@ -1,0 +1,573 @@
+"""Memory planner: what a ZeRO configuration needs per GPU, per node (host RAM) and on NVMe, and the
+cheapest configuration that fits, answered before launch instead of by OOM and retry.
+
+`plan()` is pure arithmetic over dataclasses (no CUDA calls), so a GPU run can compare
+`plan(...).gpu_allocated_bytes` with `torch.cuda.max_memory_allocated()`. `choose()` walks the options
+from fastest to most frugal and returns the first that fits; `oom_advice()` names the next step after
+an OOM. Every term, its formula and where it differs from DeepSpeed's estimator: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hf_zero3.ds_config import build_ds_config, training_args_overrides
+from hf_zero3.models import ModelShape
+from hf_zero3.presets import STANDALONE_CONFIGS
+from hf_zero3.spec import ZeroSpec
+
+GB = 10**9
+CUDA_CONTEXT_BYTES = int(1.5 * GB)
+"""CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees (assumption)."""
+GPU_MARGIN = 0.10
+"""Allocator fragmentation (reserved minus allocated), as a fraction of what is allocated (assumption)."""
+HOST_PER_RANK_BYTES = 3 * GB
+"""Resident memory of one training process: Python, torch, CUDA and NCCL libraries (assumption)."""
+HOST_MARGIN = 0.10
+"""Host allocator, page cache and OS headroom, as a fraction of the host total (assumption)."""
+LOGITS_BYTES_PER_VOCAB = 12
+"""Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
+its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
+
+Attention = Literal["sdpa", "flash_attention_2", "eager"]
+
+
+class PlanError(ValueError):
+    """Inputs the planner cannot work with; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machines to plan for. Sizes in bytes; host RAM and NVMe are per node."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu_mem: int
+    host_ram: int | None
+    """None: unknown, so not checked (the plan still reports what it needs)."""
+    nvme_path: str | None = None
+    nvme_free: int = 0
+    detected: tuple[str, ...] = ()
+    """Which fields were read from this machine rather than given (shown, so nobody plans a cluster
+    with a laptop's RAM by accident)."""
+
+    def __post_init__(self):
+        problems = []
+        if self.nodes < 1:
+            problems.append(f"nodes must be >= 1 (got {self.nodes}): pass --nodes N")
+        if self.gpus_per_node < 1:
+            problems.append(f"GPUs per node must be >= 1 (got {self.gpus_per_node}): pass --gpus N")
+        if self.gpu_mem <= 0:
+            problems.append("GPU memory must be > 0: pass --gpu-mem SIZE (e.g. 40GB, 80GiB)")
+        if self.host_ram is not None and self.host_ram <= 0:
+            problems.append("host RAM must be > 0: pass --host-ram SIZE (e.g. 512GiB)")
+        if problems:
+            raise PlanError("; ".join(problems))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Training:
+    """What one optimizer step processes on each GPU."""
+
+    seq_len: int
+    micro_batch: int = 1
+    grad_accum: int = 1
+    attention: Attention = "sdpa"
+    """sdpa and flash_attention_2 keep O(seq) per head; eager keeps the seq x seq scores."""
+
+    def __post_init__(self):
+        for name in ("seq_len", "micro_batch", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.attention not in ("sdpa", "flash_attention_2", "eager"):
+            raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro batch: what the activations scale with."""
+        return self.micro_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of the breakdown: bytes per GPU (`where="gpu"`) or per node (host, nvme)."""
+
+    name: str
+    where: Literal["gpu", "host", "nvme"]
+    bytes: int
+    formula: str
+    kind: Literal["state", "buffer", "activation", "overhead"] = "state"
+    """state: params, grads, master weights, optimizer (what DeepSpeed's estimator models); the rest are not."""
+    allocator: bool = True
+    """GPU terms only: False for memory `torch.cuda.max_memory_allocated` does not count."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The memory a configuration needs, term by term, and whether it fits the hardware."""
+
+    shape: ModelShape
+    hardware: Hardware
+    training: Training
+    spec: ZeroSpec
+    terms: tuple[Term, ...]
+    notes: tuple[str, ...] = ()
+
+    def total(self, where: str) -> int:
+        return sum(t.bytes for t in self.terms if t.where == where)
+
+    def model_states(self, where: str) -> int:
+        """Params, grads, master weights and optimizer states at `where`: what DeepSpeed's estimator models."""
+        return sum(t.bytes for t in self.terms if t.where == where and t.kind == "state")
+
+    @property
+    def gpu_bytes(self) -> int:
+        """Everything one GPU needs, context and margin included: compare with its memory."""
+        return self.total("gpu")
+
+    @property
+    def gpu_allocated_bytes(self) -> int:
+        """The prediction of `torch.cuda.max_memory_allocated()` on one rank."""
+        return sum(t.bytes for t in self.terms if t.where == "gpu" and t.allocator)
+
+    @property
+    def host_bytes(self) -> int:
+        return self.total("host")
+
+    @property
+    def nvme_bytes(self) -> int:
+        return self.total("nvme")
+
+    @property
+    def breakdown(self) -> dict[str, list[Term]]:
+        return {w: [t for t in self.terms if t.where == w] for w in ("gpu", "host", "nvme")}
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.gpu_bytes <= self.hardware.gpu_mem
+
+    @property
+    def fits_host(self) -> bool:
+        return self.hardware.host_ram is None or self.host_bytes <= self.hardware.host_ram
+
+    @property
+    def fits_nvme(self) -> bool:
+        return self.nvme_bytes == 0 or (bool(self.hardware.nvme_path) and self.nvme_bytes <= self.hardware.nvme_free)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host and self.fits_nvme
+
+    @property
+    def label(self) -> str:
+        return describe(self.spec)
+
+    def problems(self) -> list[str]:
+        """Why it does not fit, one line per resource."""
+        hw, out = self.hardware, []
+        if not self.fits_gpu:
+            out.append(f"GPU needs {gb(self.gpu_bytes)} of {gb(hw.gpu_mem)}")
+        if not self.fits_host:
+            out.append(f"host RAM needs {gb(self.host_bytes)} per node of {gb(hw.host_ram)}")
+        if not self.fits_nvme:
+            have = f"{gb(hw.nvme_free)} free at {hw.nvme_path}" if hw.nvme_path else "none (pass --nvme-path)"
+            out.append(f"NVMe needs {gb(self.nvme_bytes)} per node of {have}")
+        return out
+
+
+def gb(n: int) -> str:
+    """Bytes as decimal GB, the unit GPU and RAM sizes are sold in."""
+    return f"{n / GB:,.1f} GB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else str(n)
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes per parameter, gradient or activation element: 2 for bf16/fp16 ("auto" planned as bf16), 4 for fp32."""
+    return 4 if precision == "fp32" else 2
+
+
+def describe(spec: ZeroSpec) -> str:
+    """A short human name of a spec's memory-relevant choices."""
+    text = f"ZeRO-{spec.stage}"
+    opt, prm = spec.offload_optimizer.device, spec.offload_param.device
+    if opt != "none" and prm != "none":
+        text += f" + offload optimizer ({opt}) and params ({prm})"
+    elif opt != "none":
+        text += f" + offload optimizer ({opt})"
+    elif prm != "none":
+        text += f" + offload params ({prm})"
+    if spec.activation_checkpointing:
+        text += " + checkpointing"
+    return text
+
+
+def _resolve(value: Any, auto: int) -> int:
+    return auto if value == "auto" else int(value)
+
+
+def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, attention: str) -> int:
+    """Bytes one decoder layer keeps for backward, per token (HF Llama code, no recomputation).
+
+    Two RMSNorms (fp32 input copy 4h, normalized 16-bit, output 16-bit), q/k/v after RoPE and the attention
+    output (16-bit), the kernel's fp32 log-sum-exp per head, and the SwiGLU MLP's gate, act, up, product.
+    Eager attention repeats k/v to all heads and keeps the fp32 softmax and its 16-bit copy (seq per head).
+    """
+    b, h = element_bytes(precision), shape.hidden
+    norms = 2 * (4 * h + 2 * b * h)
+    mlp = 4 * b * shape.ffn
+    if attention == "eager":
+        attn = b * 4 * shape.q_dim + shape.heads * seq_len * (4 + (b if b != 4 else 0))
+    else:
+        attn = b * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.heads
+    return norms + attn + mlp
+
+
+def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
+    """Memory needed by one configuration: per GPU, per node of host RAM, per node of NVMe."""
+    b, P, H = element_bytes(spec.precision), shape.params, shape.hidden
+    W, g = hardware.world_size, hardware.gpus_per_node
+    stage, opt = spec.stage, spec.offload_optimizer.device
+    prm = spec.offload_param.device if stage == 3 else "none"
+    part = math.ceil(P / W)
+    param_n, grad_n, state_n = (part if stage == 3 else P), (part if stage >= 2 else P), (part if stage >= 1 else P)
+    shard = lambda n: f"{_count(P)} / {W} GPUs" if n == part else f"{_count(P)} (whole model on every GPU)"
+    terms: list[Term] = []
+    notes: list[str] = []
+
+    def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True):
+        if where in ("host", "nvme"):
+            per_rank, formula = per_rank * g, f"({formula}) x {g} GPUs/node"
+        terms.append(Term(name, where, int(per_rank), formula, kind, allocator))
+
+    place = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
+    # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
+    add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
+    if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
+        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n)}")
+    add(place[opt], "fp32 master weights + Adam m, v", 12 * state_n, f"(4 + 8) B x {shard(state_n)}")
+    sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n
+    add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n else ""), 4 * sub_group,
+        f"4 B x {shard(state_n)}" if sub_group == state_n else f"4 B x sub_group_size {_count(sub_group)}")
+    if opt == "nvme":
+        swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
+        add("host", "optimizer NVMe swap buffers (pinned)", swap,
+            f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W)", "buffer")
+    if prm == "nvme":
+        count, size = spec.offload_param.buffer_count, spec.offload_param.buffer_size
+        add("host", "param NVMe swap buffers (pinned)", count * size * b, f"{count} x {_count(size)} x {b} B",
+            "buffer")
+    # Buffers: ZeRO-3 gathers parameters module by module; gradients are reduced through a bucket.
+    if stage == 3:
+        threshold = _resolve(spec.param_persistence_threshold, 10 * H)
+        if H < threshold:
+            add("gpu", "persistent small params + grads (norms)", 2 * b * shape.small_params,
+                f"2 x {b} B x {_count(shape.small_params)} (below persistence threshold {_count(threshold)})",
+                "buffer")
+        prefetch = _resolve(spec.prefetch_bucket_size, int(0.9 * H * H))
+        live = min(P, max(spec.max_live_parameters, shape.largest_module_params + prefetch))
+        add("gpu", "gathered params (live)", b * live,
+            f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
+            f" + prefetch {_count(prefetch)} if larger, at most P", "buffer")
+        add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
+            f"{b} B x {_count(shape.largest_module_params)}", "buffer")
+    reduce_bucket = _resolve(spec.reduce_bucket_size, H * H)
+    add("gpu", "reduce bucket", b * reduce_bucket, f"{b} B x {_count(reduce_bucket)}", "buffer")
+    # Activations of one micro batch.
+    t, L = training.tokens, shape.layers
+    per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention)
+    final_norm = 4 * H + 2 * b * H
+    if spec.activation_checkpointing:
+        add("gpu", "activations: checkpointed layer inputs", t * (L * b * H + final_norm),
+            f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation")
+        work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
+    else:
+        add("gpu", f"activations: {L} layers stored", t * (L * per_layer + final_norm),
+            f"{t} tokens x ({L} x {per_layer} B/layer ({training.attention}) + final norm {final_norm} B)",
+            "activation")
+        work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
+    logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
+    add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {shape.vocab}",
+        "activation")
+    add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
+        f"{t} tokens x max(0, {work_text} - {logits} B)", "activation")
+    allocated = sum(x.bytes for x in terms if x.where == "gpu")
+    add("gpu", "allocator fragmentation margin", GPU_MARGIN * allocated, f"{GPU_MARGIN:.0%} of allocated",
+        "overhead", False)
+    add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "fixed estimate", "overhead", False)
+    # Host RAM per node beyond offloaded states.
+    add("host", "training processes", HOST_PER_RANK_BYTES, f"{gb(HOST_PER_RANK_BYTES)} per rank", "overhead")
+    loading = shape.largest_module_params if stage == 3 else P
+    add("host", "loading weights", b * loading, f"{b} B x {_count(loading)}"
+        + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
+    host = sum(x.bytes for x in terms if x.where == "host")
+    terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))
+    if spec.precision == "auto":
+        notes.append('precision "auto" is planned as bf16')
+    if training.seq_len > shape.max_positions:
+        notes.append(f"seq_len {training.seq_len} exceeds the model's max positions ({shape.max_positions})")
+    return Plan(shape, hardware, training, spec, tuple(terms), tuple(notes))
+
+
+# --- choosing -------------------------------------------------------------------------------------
+
+def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
+    """The configurations considered (each also with checkpointing); `cost_key` orders them."""
+    z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
+                         for n in ("zero2", "zero3", "zero3_offload_optimizer", "zero3_offload_all"))
+    specs = [z2, z3, opt, both]
+    if hardware.nvme_path:
+        nvme = {"device": "nvme", "nvme_path": hardware.nvme_path}
+        small = {"sub_group_size": 100_000_000}  # NVMe swap buffers are sized by the sub-group
+        specs += [{**opt, **small, "offload_optimizer": nvme}, {**both, **small, "offload_optimizer": nvme},
+                  {**both, **small, "offload_optimizer": nvme, "offload_param": nvme}]
+    return [ZeroSpec(**{**s, "precision": precision}) for s in specs]
+
+
+def _offload_level(spec: ZeroSpec) -> tuple[int, int]:
+    rank = {"none": 0, "cpu": 1, "nvme": 2}
+    opt, prm = rank[spec.offload_optimizer.device], rank[spec.offload_param.device]
+    return opt + prm, opt
+
+
+def cost_key(p: Plan) -> tuple:
+    """Expected speed order: less offload, then no recomputation, then lower stage, then larger micro batch."""
+    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.stage, -p.training.micro_batch)
+
+
+def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int | None) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs that reach the global batch, largest micro batch first."""
+    if global_batch is None:
+        return [(micro_batch or 1, 1)]
+    per_rank, rest = divmod(global_batch, hardware.world_size)
+    if rest or per_rank < 1:
+        raise PlanError(f"global batch {global_batch} is not a multiple of {hardware.world_size} GPUs: use a "
+                        f"multiple such as {max(1, round(global_batch / hardware.world_size)) * hardware.world_size}")
+    if micro_batch is not None:
+        if per_rank % micro_batch:
+            raise PlanError(f"micro batch {micro_batch} does not divide the {per_rank} samples per GPU of global "
+                            f"batch {global_batch}: use a divisor of {per_rank}")
+        return [(micro_batch, per_rank // micro_batch)]
+    return [(m, per_rank // m) for m in range(per_rank, 0, -1) if per_rank % m == 0]
+
+
+def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
+               micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa") -> list[Plan]:
+    """Every configuration the planner considers, cheapest first."""
+    plans = []
+    for rung in _rungs(hardware, precision):
+        for checkpointing in (False, True):
+            for micro, accum in micro_batches(hardware, global_batch, micro_batch):
+                spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
+                                   "micro_batch_size": micro, "gradient_accumulation_steps": accum,
+                                   "global_batch_size": micro * accum * hardware.world_size})
+                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention), spec))
+    return sorted(plans, key=cost_key)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The cheapest plan that fits (or None), every option tried, and what would fit if nothing does."""
+
+    plan: Plan | None
+    tried: tuple[Plan, ...]
+    advice: str = ""
+    ds_config: dict = field(default_factory=dict)
+    training_args: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+
+def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
+           micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa") -> Choice:
+    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides."""
+    kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
+              "attention": attention}
+    tried = candidates(shape, hardware, seq_len, **kwargs)
+    best = next((p for p in tried if p.fits), None)
+    if best is not None:
+        return Choice(best, tuple(tried), "", build_ds_config(best.spec), training_args_overrides(best.spec))
+    return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
+
+
+def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: list[Plan], **kwargs) -> str:
+    host = f" with {gb(hardware.host_ram)} host RAM per node" if hardware.host_ram else ""
+    lines = [(f"nothing fits {shape.name} on {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs of "
+              f"{gb(hardware.gpu_mem)}{host}.")]
+    on_gpu = next((p for p in tried if p.fits_gpu), None)
+    if on_gpu is not None:
+        lines.append(f"{on_gpu.label} (micro batch {on_gpu.training.micro_batch}) fits the GPUs but "
+                     + "; ".join(on_gpu.problems()) + ".")
+    else:
+        frugal = min(tried, key=lambda p: p.gpu_bytes)
+        lines.append(f"The most frugal option, {frugal.label} (micro batch {frugal.training.micro_batch}), needs "
+                     f"{gb(frugal.gpu_bytes)} per GPU and {gb(frugal.host_bytes)} host RAM per node.")
+    for nodes in range(hardware.nodes + 1, 8 * hardware.nodes + 65):
+        bigger = Hardware(nodes, hardware.gpus_per_node, hardware.gpu_mem, hardware.host_ram, hardware.nvme_path,
+                          hardware.nvme_free)
+        options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None})
+        fit = next((p for p in options if p.fits), None)
+        if fit is not None:
+            lines.append(f"It would fit on {nodes} nodes ({nodes * hardware.gpus_per_node} GPUs of "
+                         f"{gb(hardware.gpu_mem)}) with {fit.label} (micro batch 1): {gb(fit.gpu_bytes)} per GPU, "
+                         f"{gb(fit.host_bytes)} host RAM per node.")
+            break
+    if not hardware.nvme_path:
+        lines.append("With a local NVMe drive, pass --nvme-path DIR to consider ZeRO-Infinity (NVMe offload).")
+    return " ".join(lines)
+
+
+# --- after an OOM ---------------------------------------------------------------------------------
+
+def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec, *,
+               host: bool = False, ds_config_path: str | None = None) -> str:
+    """The planner's next step after a CUDA OOM (or a host OOM with `host=True`), as exact overrides.
+
+    The run just proved the prediction too low, so only steps that give up memory on every axis are
+    considered (same or higher stage and offload, checkpointing kept, micro batch not larger, samples
+    per GPU per step unchanged); of those that need less of the exhausted memory and are predicted to
+    fit, the cheapest in `cost_key` order is the answer.
+    """
+    current = plan(shape, hardware, training, spec)
+    what = "host RAM" if host else "GPU memory"
+    need = (lambda p: p.host_bytes) if host else (lambda p: p.gpu_bytes)
+    per_rank = training.micro_batch * training.grad_accum
+    options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=per_rank * hardware.world_size,
+                                     precision=spec.precision, attention=training.attention)
+               if _at_least_as_frugal(p, current) and need(p) < need(current)]
+    nxt = next((p for p in options if p.fits), None)
+    head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
+            f"micro batch {training.micro_batch}).")
+    if nxt is None:
+        choice = choose(shape, hardware, training.seq_len, precision=spec.precision, attention=training.attention)
+        return f"{head} No more frugal option is predicted to fit. {choice.advice}".strip()
+    return (f"{head} Next step (predicted {gb(need(nxt))}: {nxt.label}, micro batch {nxt.training.micro_batch}): "
+            f"{_how(current, nxt, ds_config_path)}")
+
+
+def _at_least_as_frugal(p: Plan, current: Plan) -> bool:
+    a, b = p.spec, current.spec
+    return (a.stage >= b.stage and _offload_level(a) >= _offload_level(b)
+            and a.activation_checkpointing >= b.activation_checkpointing
+            and p.training.micro_batch <= current.training.micro_batch)
+
+
+def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
+    """The exact change from `current` to `nxt`: a regenerated ds_config and/or TrainingArguments overrides."""
+    parts = []
+    a, b = current.spec, nxt.spec
+    if (a.stage, a.offload_optimizer, a.offload_param) != (b.stage, b.offload_optimizer, b.offload_param):
+        cmd = ["hf-zero3 config new", f"--like {ds_config_path}" if ds_config_path else f"--precision {b.precision}",
+               f"--stage {b.stage}"]
+        offloads = (("optimizer", b.offload_optimizer), ("param", b.offload_param))
+        cmd += [f"--offload-{which} {o.device}" for which, o in offloads if o.device != "none"]
+        nvme = b.offload_optimizer.nvme_path or b.offload_param.nvme_path
+        cmd += [f"--nvme-path {nvme}"] if nvme else []
+        parts.append(f"`{' '.join(cmd)} -o ds_config.planned.json`, "
+                     "then train with --deepspeed ds_config.planned.json")
+    if b.activation_checkpointing and not a.activation_checkpointing:
+        parts.append("--gradient_checkpointing true")
+    if nxt.training.micro_batch != current.training.micro_batch:
+        parts.append(f"--per_device_train_batch_size {nxt.training.micro_batch} "
+                     f"--gradient_accumulation_steps {nxt.training.grad_accum} (same global batch)")
+    return "; ".join(parts)
+
+
+def oom_kind(error: BaseException) -> str | None:
+    """"cuda" for a CUDA OOM, "host" for a failed host allocation, None otherwise (for train.py's except)."""
+    import torch
+
+    text = str(error)
+    if isinstance(error, torch.OutOfMemoryError) or "CUDA out of memory" in text:
+        return "cuda"
+    if isinstance(error, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in text or (
+            "pin" in text and "out of memory" in text):
+        return "host"
+    return None
+
+
+def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False) -> str:
+    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size."""
+    from hf_zero3.convert import spec_from_ds_config
+    from hf_zero3.models import shape_from_config
+
+    ds = training_args.hf_deepspeed_config.config if getattr(training_args, "hf_deepspeed_config", None) else None
+    fields = spec_from_ds_config(ds)[0].model_dump(exclude_unset=True) if ds else {"stage": 0}
+    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    spec = ZeroSpec(**{**fields, "precision": precision,
+                       "activation_checkpointing": bool(training_args.gradient_checkpointing)})
+    world = int(os.environ.get("WORLD_SIZE", training_args.world_size))
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")  # torchrun / deepspeed launcher
+    local = int(local) if local else min(world, max(1, _cuda_count()))
+    hardware = detect_hardware(nodes=max(1, world // local), gpus_per_node=local, host_ram=host_ram_bytes())
+    attention = getattr(model_config, "_attn_implementation", None) or "sdpa"
+    training = Training(seq_len, training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
+                        attention if attention in ("sdpa", "flash_attention_2", "eager") else "sdpa")
+    path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
+    return oom_advice(shape_from_config(model_config), hardware, training, spec, host=host, ds_config_path=path)
+
+
+# --- this machine ---------------------------------------------------------------------------------
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def host_ram_bytes() -> int:
+    """Physical RAM of this machine (psutil if installed, else sysconf)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def detect_hardware(nodes: int | None = None, gpus_per_node: int | None = None, gpu_mem: int | None = None,
+                    host_ram: int | None = None, nvme_path: str | None = None,
+                    nvme_free: int | None = None) -> Hardware:
+    """Hardware from the given values, the rest read from this machine (and listed in `detected`).
+
+    Host RAM is read from this machine only when the GPUs are too: planning for other GPUs (--gpus or
+    --gpu-mem given) with this laptop's RAM would reject every offload option for the wrong reason, so
+    there it stays unknown (None) and the plan reports what it needs instead.
+    """
+    detected = []
+    elsewhere = gpus_per_node is not None or gpu_mem is not None
+    if gpus_per_node is None or gpu_mem is None:
+        count = _cuda_count()
+        if count == 0:
+            raise PlanError("no GPU found on this machine: pass --gpus N and --gpu-mem SIZE (e.g. --gpus 8 "
+                            "--gpu-mem 80GB) for the GPUs you plan for")
+        if gpus_per_node is None:
+            gpus_per_node = count
+            detected.append("gpus_per_node")
+        if gpu_mem is None:
+            import torch
+
+            gpu_mem = torch.cuda.get_device_properties(0).total_memory
+            detected.append("gpu_mem")
+    if host_ram is None and not elsewhere:
+        host_ram = host_ram_bytes()
+        detected.append("host_ram")
+    if nvme_path and nvme_free is None:
+        if not os.path.isdir(nvme_path):
+            raise PlanError(f"NVMe path {nvme_path} is not a directory: create it on the NVMe mount, or pass "
+                            "--nvme-free SIZE to plan for another machine")
+        nvme_free = shutil.disk_usage(nvme_path).free
+        detected.append("nvme_free")
+    return Hardware(nodes or 1, gpus_per_node, gpu_mem, host_ram, nvme_path, nvme_free or 0, tuple(detected))

@@ -1,0 +1,258 @@
+"""Checkpoint integrity, marker, keep-last-N and resume planning on checkpoint folders laid out as DeepSpeed
+ZeRO-3 + the Trainer write them (real torch.save / safetensors files, tiny tensors)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hf_zero3 import checkpoint as ckpt
+from hf_zero3.cli import build_parser
+from hf_zero3.cli import main as cli_main
+
+SHAPES = OrderedDict([("model.embed_tokens.weight", (8, 4)), ("lm_head.weight", (8, 4))])
+
+
+def make_checkpoint(root: Path, step: int, world_size: int = 2, marked: bool = True, weights: dict | None = None,
+                    loss: float = 3.0) -> Path:
+    """A checkpoint-N folder with every file a 2-rank ZeRO-3 save writes (tiny contents)."""
+    folder = root / f"checkpoint-{step}"
+    tag = folder / f"global_step{step}"
+    tag.mkdir(parents=True)
+    (folder / "latest").write_text(tag.name)
+    for rank in range(world_size):
+        states = {"param_shapes": [OrderedDict((k, torch.Size(v)) for k, v in SHAPES.items())],
+                  "dp_world_size": world_size, "shared_params": {}, "frozen_param_shapes": None,
+                  "ds_config": {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}}
+        torch.save(states, tag / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+        torch.save({"fp32_flat_groups": [torch.zeros(32)]}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        torch.save({"cpu": torch.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    history = [{"step": step, "loss": loss}]
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+    tensors = weights if weights is not None else {k: torch.ones(v) for k, v in SHAPES.items()}
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    if marked:
+        ckpt.write_marker(folder, {"world_size": world_size})
+    return folder
+
+
+def steps(folders) -> list[int]:
+    return [ckpt.checkpoint_step(p) for p in folders]
+
+
+def test_a_fully_written_checkpoint_has_no_problems_and_the_marker_lists_its_files(tmp_path):
+    folder = make_checkpoint(tmp_path, 10, marked=False)
+    assert ckpt.verify_checkpoint(folder) == []
+    ckpt.write_marker(folder, {"world_size": 2})
+    record = ckpt.read_marker(folder)
+    assert record["step"] == 10 and record["world_size"] == 2
+    assert "global_step10/zero_pp_rank_1_mp_rank_00_optim_states.pt" in record["files"]
+    assert record["bytes"] == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != ckpt.MARKER)
+    assert ckpt.is_complete(folder)
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda f: (f / "global_step10/zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(),
+     "rank 1: no optim_states shard"),
+    (lambda f: (f / "latest").unlink(), "no `latest` tag file"),
+    (lambda f: (f / "rng_state_1.pth").unlink(), "rank 1: RNG state rng_state_1.pth is unreadable"),
+    (lambda f: os.truncate(f / "global_step10/zero_pp_rank_0_mp_rank_00_optim_states.pt", 100),
+     "rank 0: zero_pp_rank_0_mp_rank_00_optim_states.pt is unreadable"),
+    (lambda f: (f / "trainer_state.json").write_text('{"global_step": 9}'), "trainer_state.json says step 9"),
+    (lambda f: (f / "model.safetensors").unlink(), "no model.safetensors"),
+])
+def test_each_missing_or_broken_part_is_named(tmp_path, damage, expected):
+    folder = make_checkpoint(tmp_path, 10, marked=False)
+    damage(folder)
+    problems = ckpt.verify_checkpoint(folder)
+    assert any(expected in p for p in problems), problems
+
+
+def test_weights_that_look_saved_but_hold_nothing_are_caught(tmp_path):
+    """The ZeRO-3 failure users hit: a model.safetensors of empty (shape [0]) or missing tensors."""
+    empty = make_checkpoint(tmp_path / "a", 10, marked=False, weights={k: torch.empty(0) for k in SHAPES})
+    assert any("(no values)" in p for p in ckpt.verify_weights(empty))
+    partial = make_checkpoint(tmp_path / "b", 10, marked=False, weights={"lm_head.weight": torch.ones(8, 4)})
+    assert ckpt.verify_weights(partial) == [
+        "1 trained parameter(s) missing from the weights, e.g. model.embed_tokens.weight"]
+    wrong = make_checkpoint(tmp_path / "c", 10, marked=False, weights={k: torch.ones(4, 8) for k in SHAPES})
+    assert "shape (4, 8) in the weights, (8, 4) trained" in ckpt.verify_weights(wrong)[0]
+
+
+def test_a_file_changed_after_marking_makes_the_checkpoint_incomplete(tmp_path):
+    folder = make_checkpoint(tmp_path, 10)
+    assert ckpt.is_complete(folder)
+    os.truncate(folder / "rng_state_0.pth", 10)
+    assert not ckpt.is_complete(folder)
+    folder2 = make_checkpoint(tmp_path, 20)
+    (folder2 / "global_step20/zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    assert not ckpt.is_complete(folder2)
+
+
+def test_keep_last_n_counts_only_complete_checkpoints_and_never_touches_incomplete_ones(tmp_path):
+    for step in range(1, 9):
+        make_checkpoint(tmp_path, step, marked=step % 2 == 1)  # 1,3,5,7 complete; 2,4,6,8 not
+    deleted = ckpt.rotate(tmp_path, keep=2)
+    assert steps(deleted) == [1, 3]
+    assert steps(ckpt.list_checkpoints(tmp_path)) == [2, 4, 5, 6, 7, 8]
+    assert steps(ckpt.complete_checkpoints(tmp_path)) == [5, 7]
+    assert ckpt.checkpoint_step(ckpt.newest_complete(tmp_path)) == 7  # not 8: it has no marker
+
+
+def test_rotation_never_deletes_the_newest_complete_nor_the_protected_one(tmp_path):
+    for step in (1, 2, 3):
+        make_checkpoint(tmp_path, step)
+    assert steps(ckpt.rotate(tmp_path, keep=0, protect=tmp_path / "checkpoint-1")) == [2]
+    assert steps(ckpt.list_checkpoints(tmp_path)) == [1, 3]
+    assert ckpt.rotate(tmp_path, keep=None) == []
+
+
+def test_auto_resume_takes_the_newest_complete_and_removes_the_half_written_one_after_it(tmp_path):
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20)
+    half = make_checkpoint(tmp_path, 30, marked=False)
+    (half / "latest").unlink()  # killed before DeepSpeed finished
+    target, remove = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert target == tmp_path / "checkpoint-20"
+    assert remove == [half]
+
+
+def test_auto_resume_never_deletes_an_unmarked_folder_that_verifies(tmp_path):
+    """A checkpoint written without hf_zero3 (no marker) but whole: ours to leave alone, so it is an error."""
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20, marked=False)
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 is newer than the resume point"):
+        ckpt.plan_resume(tmp_path, "auto", world_size=2)
+
+
+def test_auto_resume_removes_our_own_unfinished_save_even_if_its_files_verify(tmp_path):
+    """Killed after the last file but before the marker: the guard's SAVING flag says the folder is ours."""
+    make_checkpoint(tmp_path, 10)
+    unfinished = make_checkpoint(tmp_path, 20, marked=False)
+    ckpt.mark_saving(unfinished)
+    assert ckpt.verify_checkpoint(unfinished) == []
+    assert ckpt.plan_resume(tmp_path, "auto", world_size=2) == (tmp_path / "checkpoint-10", [unfinished])
+    ckpt.write_marker(unfinished, {"world_size": 2})
+    assert not (unfinished / ckpt.SAVING).exists() and ckpt.is_complete(unfinished)
+
+
+def test_explicit_resume_refuses_an_incomplete_checkpoint_and_one_older_than_a_complete_one(tmp_path):
+    make_checkpoint(tmp_path, 10)
+    broken = make_checkpoint(tmp_path, 20, marked=False)
+    (broken / "rng_state_1.pth").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 cannot be resumed: rank 1: RNG state"):
+        ckpt.plan_resume(tmp_path, str(broken), world_size=2)
+    make_checkpoint(tmp_path, 30)
+    with pytest.raises(ckpt.CheckpointError, match="would be overwritten"):
+        ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2)
+
+
+def test_resume_on_another_world_size_names_reshard(tmp_path):
+    folder = make_checkpoint(tmp_path, 10)
+    with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
+        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+    (folder / "latest_universal").write_text("global_step10_universal")
+    assert ckpt.plan_resume(tmp_path, "auto", world_size=1) == (folder, [])
+
+
+def test_removing_a_symlinked_checkpoint_removes_only_the_link(tmp_path):
+    elsewhere = make_checkpoint(tmp_path / "elsewhere", 10, marked=False)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint-10").symlink_to(elsewhere)
+    ckpt.remove_checkpoint(tmp_path / "run" / "checkpoint-10")
+    assert not (tmp_path / "run" / "checkpoint-10").exists() and (elsewhere / "latest").is_file()
+
+
+def _guard_args(tmp_path, **kw):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **kw)
+    return args, TrainerState(), TrainerControl()
+
+
+def test_guard_refuses_the_trainers_own_rotation(tmp_path):
+    from hf_zero3.callbacks import CheckpointGuardCallback
+
+    args, state, control = _guard_args(tmp_path, save_total_limit=3)
+    with pytest.raises(ckpt.CheckpointError, match="set it to None and pass CheckpointGuardCallback"):
+        CheckpointGuardCallback(save_total_limit=3).on_train_begin(args, state, control)
+
+
+def test_guard_stops_before_a_save_the_disk_cannot_hold(tmp_path):
+    """Free space is checked against the newest complete checkpoint's size before the Trainer writes a byte."""
+    from hf_zero3.callbacks import CheckpointGuardCallback
+
+    folder = make_checkpoint(tmp_path, 10)
+    record = ckpt.read_marker(folder)
+    (folder / ckpt.MARKER).write_text(json.dumps({**record, "bytes": 10**18}))  # "an exabyte checkpoint"
+    args, state, control = _guard_args(tmp_path)
+    state.global_step, control.should_save = 20, True
+    with pytest.raises(ckpt.CheckpointError, match=r"disk full: checkpoint-20 needs about .* Nothing was written"):
+        CheckpointGuardCallback().on_step_end(args, state, control)
+    assert not (tmp_path / "checkpoint-20").exists()
+
+
+def test_guard_marks_a_plain_trainer_checkpoint_and_rotates(tmp_path):
+    """Without DeepSpeed the same guard applies: optimizer.pt, rng_state.pth, trainer state, weights."""
+    from hf_zero3.callbacks import CheckpointGuardCallback
+
+    guard = CheckpointGuardCallback(save_total_limit=1)
+    args, state, control = _guard_args(tmp_path)
+    guard.on_train_begin(args, state, control)
+    for step in (1, 2):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        torch.save({"state": {}}, folder / "optimizer.pt")
+        torch.save({"cpu": torch.get_rng_state()}, folder / "rng_state.pth")
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        save_file({"w": torch.ones(2)}, str(folder / "model.safetensors"))
+        state.global_step = step
+        guard.on_save(args, state, control)
+    assert steps(ckpt.list_checkpoints(tmp_path)) == [2] and ckpt.is_complete(tmp_path / "checkpoint-2")
+    assert ckpt.read_marker(tmp_path / "checkpoint-2")["training_args"]["hub_token"] == "<HUB_TOKEN>"
+    (tmp_path / "checkpoint-3").mkdir()
+    torch.save({"cpu": torch.get_rng_state()}, tmp_path / "checkpoint-3" / "rng_state.pth")
+    state.global_step = 3
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-3 is incomplete: optimizer.pt is unreadable"):
+        guard.on_save(args, state, control)
+    assert not ckpt.is_complete(tmp_path / "checkpoint-3")
+
+
+def test_model_card_reports_recipe_hardware_loss_and_configs(tmp_path):
+    from hf_zero3.hub import model_card
+
+    folder = make_checkpoint(tmp_path, 10, marked=False, loss=2.5)
+    ckpt.write_marker(folder, {"recipe": {"name": "tiny", "version": "v1"}, "hf_zero3_version": "0.1.0",
+                               "hardware": {"ranks": 2, "device": "CPU x86_64"}, "ds_config": {"zero": 3},
+                               "throughput": {"samples_per_second": 14.3, "steps_per_second": 0.9,
+                                              "measured_over_steps": 10}})
+    card = model_card(folder, dtype="bf16")
+    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU x86_64 |", "| final training loss | 2.5000 "
+                 "(step 10) |", "14.30 samples/s", "hf_zero3 0.1.0", '"zero": 3'):
+        assert text in card, text
+
+
+def test_cli_registers_export_reshard_push_and_fails_clearly_on_an_incomplete_checkpoint(tmp_path, capsys):
+    parser = build_parser()
+    args = parser.parse_args(["export", "ck", "out", "--dtype", "fp32", "--shard-size", "1MB"])
+    assert (args.checkpoint, args.out, args.dtype, args.shard_size) == ("ck", "out", "fp32", "1MB")
+    args = parser.parse_args(["push", "out", "--repo-id", "org/name", "--private", "--revision", "v1"])
+    assert (args.repo_id, args.private, args.revision) == ("org/name", True, "v1")
+    assert parser.parse_args(["reshard", "ck"]).checkpoint == "ck"
+    broken = make_checkpoint(tmp_path, 10, marked=False)
+    (broken / "global_step10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    assert cli_main(["export", str(broken), str(tmp_path / "out")]) == 2
+    assert "is not a complete checkpoint: rank 1: no optim_states shard" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    empty = tmp_path / "export"
+    empty.mkdir()
+    save_file({"w": torch.empty(0)}, str(empty / "model.safetensors"))
+    assert cli_main(["push", str(empty), "--repo-id", "org/name"]) == 2
+    assert "not pushing" in capsys.readouterr().err

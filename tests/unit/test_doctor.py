@@ -1,0 +1,161 @@
+"""The doctor's pure parts: matrix, hostfile, op selection, bandwidth math, NVMe probe, code hash."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import subprocess
+
+import pytest
+from packaging.requirements import Requirement
+
+from hf_zero3 import doctor
+from hf_zero3.allreduce_test import bus_bandwidth
+from tests.conftest import ROOT
+
+
+def test_matrix_is_setup_cfg_install_requires():
+    """One source of truth: the installed metadata the doctor reads agrees with setup.cfg (stale egg-info
+    after an edit of setup.cfg fails here)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    lines = [line.split("#")[0].strip() for line in cfg["options"]["install_requires"].splitlines()]
+    expected = {Requirement(line).name: Requirement(line).specifier for line in lines if line}
+    assert {r.name: r.specifier for r in doctor.supported_matrix()} == expected, (
+        "hf_zero3's installed metadata is stale: run `make setup` (pip install -e .) after editing setup.cfg")
+
+
+def test_matrix_override_replaces_one_package_by_canonical_name():
+    matrix = {r.name.lower(): str(r.specifier) for r in doctor.supported_matrix(["PyYAML<6", "torch>=9"])}
+    assert matrix["pyyaml"] == "<6" and matrix["torch"] == ">=9"
+    assert len(matrix) == len(doctor.supported_matrix())
+
+
+def test_version_outside_matrix_fails_with_the_pip_command():
+    results = {r.name: r for r in doctor.check_versions(["torch<2.0", "not-a-real-package>=1"])}
+    assert results["version:torch"].status == "FAIL"
+    assert results["version:torch"].fix.startswith('pip install "torch<2.0"')
+    assert results["version:not-a-real-package"].status == "FAIL"
+    assert "not installed" in results["version:not-a-real-package"].detail
+    assert results["version:deepspeed"].status == "OK"
+
+
+def test_installed_venv_is_inside_the_matrix():
+    assert [r.line() for r in doctor.check_versions() if r.status != "OK"] == []
+    assert doctor.check_python().status == "OK"
+
+
+@pytest.mark.parametrize(("bytes_", "seconds", "world", "algbw", "busbw"), [
+    (10**9, 1.0, 2, 1.0, 1.0),      # 2(n-1)/n = 1 for two ranks
+    (10**9, 0.5, 8, 2.0, 3.5),      # nccl-tests: busbw = algbw * 2*7/8
+    (4 * 10**9, 2.0, 64, 2.0, 3.9375),
+])
+def test_bus_bandwidth_matches_nccl_tests(bytes_, seconds, world, algbw, busbw):
+    assert bus_bandwidth(bytes_, seconds, world) == pytest.approx((algbw, busbw))
+
+
+def test_hostfile_parses_deepspeed_format_with_comments():
+    text = "# cluster\nnode-1 slots=8\n\n  node-2   slots=4  # spare\n"
+    assert doctor.parse_hostfile(text) == {"node-1": 8, "node-2": 4}
+
+
+def test_hostfile_names_every_bad_line_at_once():
+    with pytest.raises(doctor.HostfileError) as err:
+        doctor.parse_hostfile("a slots=2\nb slot=2\nc slots=0\na slots=1\nd\n", "hf")
+    message = str(err.value)
+    for expected in ("hf:2: 'b slot=2'", "hf:3: 'c slots=0'", "hf:4: host a is listed twice", "hf:5: 'd'"):
+        assert expected in message
+    with pytest.raises(doctor.HostfileError, match="no hosts"):
+        doctor.parse_hostfile("# empty\n")
+
+
+def test_bad_hostfile_is_a_failure_with_the_format(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("node1 gpus=8\n")
+    [result] = doctor.check_hostfile(path)
+    assert result.status == "FAIL" and "hostname slots=N" in result.fix
+
+
+def _config(name: str) -> dict:
+    return json.loads((ROOT / "ds_configs" / name).read_text())
+
+
+def test_ops_needed_by_the_shipped_configs():
+    assert doctor.needed_ops(_config("zero3.json")) == {}  # HF creates a torch optimizer
+    assert set(doctor.needed_ops(_config("zero3_offload_optimizer.json"))) == {"cpu_adam"}
+    assert set(doctor.needed_ops(_config("zero3_offload_all.json"))) == {"cpu_adam"}
+    nvme = doctor.needed_ops(_config("zero3_nvme.json"))
+    assert set(nvme) == {"cpu_adam", "async_io"}
+    assert nvme["async_io"] == "offload_optimizer and offload_param to nvme"
+    assert doctor.nvme_paths(_config("zero3_nvme.json")) == ["/local_nvme"]
+
+
+@pytest.mark.parametrize(("config", "ops"), [
+    ({"optimizer": {"type": "AdamW"}}, {"fused_adam"}),
+    ({"optimizer": {"type": "Adam", "params": {"torch_adam": True}}}, set()),
+    ({"optimizer": {"type": "Lion"}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+     {"cpu_lion"}),
+    ({"optimizer": {"type": "Lamb"}}, {"fused_lamb"}),
+    ({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}}, {"async_io"}),
+    ({"zero_optimization": {"offload_optimizer": {"device": "none"}}}, set()),
+])
+def test_ops_follow_the_engines_optimizer_choice(config, ops):
+    assert set(doctor.needed_ops(config)) == ops
+
+
+def test_nvme_probe_writes_reads_and_cleans_up(tmp_path):
+    result = doctor.check_nvme(tmp_path, test_bytes=4 * 2**20, chunk=2**20)
+    assert result.status in ("OK", "WARN"), result.line()  # WARN: this disk is slower than an NVMe drive
+    assert result.data["write_mbps"] > 0 and result.data["read_mbps"] > 0 and result.data["free_bytes"] > 0
+    assert "4 MiB fsync'd write" in result.detail
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nvme_probe_fails_on_unwritable_and_missing_paths(tmp_path):
+    proc = doctor.check_nvme("/proc", test_bytes=2**20)  # root can write almost anywhere, not into /proc
+    assert proc.status == "FAIL" and "cannot write" in proc.detail and "--nvme-path" in proc.fix
+    missing = doctor.check_nvme(tmp_path / "nope", test_bytes=2**20)
+    assert missing.status == "FAIL" and f"mkdir -p {tmp_path / 'nope'}" in missing.fix
+
+
+def test_code_hash_covers_tracked_content_only(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    before = doctor.code_hash(tmp_path)
+    (tmp_path / "untracked.txt").write_text("scratch")
+    assert doctor.code_hash(tmp_path) == before
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert doctor.code_hash(tmp_path) != before
+
+
+def test_cudnn_version_decoding():
+    assert doctor._parse_cudnn(8600) == "8.6.0"
+    assert doctor._parse_cudnn(90100) == "9.1.0"
+
+
+def test_result_line_names_the_fix():
+    assert doctor.Result("FAIL", "nvme:/x", "not writable", "chown it").line() == (
+        "FAIL  nvme:/x                not writable (fix: chown it)")
+    assert doctor.Result("OK", "python", "3.11").line() == "OK    python                 3.11"
+
+
+def test_allreduce_launch_command_is_the_training_launcher():
+    cmd = doctor.allreduce_command(2, "deepspeed", 29555)
+    assert cmd[0].endswith("deepspeed")
+    assert cmd[1:6] == ["--num_gpus", "2", "--master_port", "29555", "--module"]
+    assert cmd[6] == "hf_zero3.allreduce_test"
+    assert "--hostfile" in doctor.allreduce_command(8, "deepspeed", 1, hostfile="hf")
+    torchrun = doctor.allreduce_command(4, "torchrun", 1)
+    assert torchrun[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "4"]
+
+
+def test_arch_list_deepspeed_cannot_parse_is_named_with_a_fix(monkeypatch):
+    """Seen on an H200 image: TORCH_CUDA_ARCH_LIST=9.0a makes every CUDA op's JIT build raise int('0a')."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a;8.0")
+    assert doctor._arch_list_problem().endswith('export TORCH_CUDA_ARCH_LIST="8.0;9.0" before training')
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0+PTX")
+    assert doctor._arch_list_problem() is None

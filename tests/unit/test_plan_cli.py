@@ -1,0 +1,101 @@
+"""`hf-zero3 plan`: sizes, tables, JSON, the written ds_config, exit codes and error messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from hf_zero3.check import check_ds_config, has_errors
+from hf_zero3.cli import main
+from hf_zero3.plan_cli import parse_size
+
+SEED = ["plan", "--model", "70b", "--nodes", "1", "--gpus", "8", "--gpu-mem", "40GB"]
+
+
+@pytest.mark.parametrize("text,expected", [("40GB", 40 * 10**9), ("80GiB", 80 * 2**30), ("512G", 512 * 2**30),
+                                           ("1.5TB", 1_500_000_000_000), ("2 tib", 2 * 2**40), ("4096B", 4096)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["40", "forty GB", "40XB", "", "-1GB"])
+def test_parse_size_rejects_with_examples(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"give a number with a unit, e.g. 40GB"):
+        parse_size(text)
+
+
+def test_seed_command_table(capsys):
+    assert main(SEED) == 0
+    out = capsys.readouterr().out
+    assert "choice    ZeRO-3 + offload optimizer (cpu) + checkpointing: micro batch 1 x accumulation 1 x 8 GPUs" in out
+    assert "needs 1,396.8 GB host RAM per node (not checked: pass --host-ram)" in out
+    assert "host RAM not given" in out
+    for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "logits + loss (fp32 cross-entropy)",
+                 "CUDA context + NCCL buffers", "fp32 master weights + Adam m, v", "torch.cuda.max_memory_allocated"):
+        assert term in out
+    assert "--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}'" in out
+
+
+def test_two_nodes_json_and_written_config(capsys, tmp_path):
+    path = tmp_path / "ds.json"
+    argv = ["plan", "--model", "70b", "--nodes", "2", "--gpus", "4", "--gpu-mem", "40GB", "--host-ram", "1TB",
+            "--global-batch", "64", "--json", "--write-config", str(path)]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    choice = result["choice"]
+    assert (choice["stage"], choice["offload_optimizer"], choice["checkpointing"]) == (3, "cpu", True)
+    assert choice["micro_batch"] * choice["grad_accum"] * 8 == 64
+    assert round(choice["host_bytes"] / 1e9) == 698
+    written = json.loads(path.read_text())
+    assert written == result["ds_config"]
+    assert written["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert not has_errors(check_ds_config(written, world_size=8, device="cuda"))
+    assert result["training_args"]["per_device_train_batch_size"] == choice["micro_batch"]
+    assert {t["name"] for t in result["breakdown"]["host"]} >= {"fp32 master weights + Adam m, v", "training processes"}
+
+
+def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path):
+    path = tmp_path / "ds.json"
+    assert main([*SEED, "--host-ram", "1TB", "--write-config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "result    nothing fits 70b" in captured.out
+    assert "It would fit on 2 nodes" in captured.out
+    assert "no ds_config was written" in captured.err
+    assert not path.exists()
+
+
+def test_small_model_and_custom_shape(capsys):
+    assert main(["plan", "--model", "tiny", "--gpus", "1", "--gpu-mem", "8GB", "--host-ram", "16GB"]) == 0
+    assert "choice    ZeRO-2: micro batch 1" in capsys.readouterr().out
+    argv = ["plan", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--vocab", "100",
+            "--gpus", "1", "--gpu-mem", "4GB", "--host-ram", "8GB", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["params"] == 100 * 64 * 2 + 2 * (4 * 64 * 64 + 3 * 64 * 128
+                                                                                        + 2 * 64) + 64
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "70B-chat", "--gpus", "8", "--gpu-mem", "40GB"], "unknown model '70B-chat'"),
+    (["--model", "70b", "--gpus", "0", "--gpu-mem", "40GB"], "--gpus must be >= 1"),
+    (["--hidden", "64", "--gpus", "8", "--gpu-mem", "40GB"], "pass --model NAME"),
+    (["--model", "70b", "--gpus", "8", "--gpu-mem", "40GB", "--global-batch", "100"], "not a multiple of 8 GPUs"),
+])
+def test_bad_inputs_exit_2_naming_the_fix(capsys, argv, message):
+    assert main(["plan", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_size_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--model", "70b", "--gpus", "8", "--gpu-mem", "40"])
+    assert exit_info.value.code == 2
+    assert "bad size '40': give a number with a unit" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_no_gpu_here_asks_for_the_target_gpus(capsys):
+    assert main(["plan", "--model", "7b"]) == 2
+    assert "no GPU found on this machine: pass --gpus N and --gpu-mem SIZE" in capsys.readouterr().err

@@ -1,0 +1,304 @@
+"""The memory planner against hand calculations and DeepSpeed's own estimators; the seed's 70B claim."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from deepspeed.runtime.zero import stage3
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from hf_zero3 import planner
+from hf_zero3.check import check_ds_config, has_errors
+from hf_zero3.ds_config import build_ds_config
+from hf_zero3.models import load_shape
+from hf_zero3.planner import (
+    GB,
+    Hardware,
+    PlanError,
+    Training,
+    choose,
+    detect_hardware,
+    layer_activation_bytes,
+    oom_advice,
+    oom_advice_for_run,
+    oom_kind,
+    plan,
+)
+from hf_zero3.presets import STANDALONE_CONFIGS
+from hf_zero3.spec import OptimizerOffload, ParamOffload, ZeroSpec
+
+S7, S70 = load_shape("7b"), load_shape("70b")
+
+
+def _gpus(nodes=1, per_node=8, mem=40 * GB, host=None, **kw) -> Hardware:
+    return Hardware(nodes, per_node, mem, host, **kw)
+
+
+def _terms(p, where="gpu") -> dict[str, int]:
+    return {t.name: t.bytes for t in p.terms if t.where == where}
+
+
+# --- hand calculations ----------------------------------------------------------------------------
+
+def test_layer_activations_by_hand():
+    # 7B, bf16: norms 2 x (4h + 2h + 2h) = 16h; q, k, v, out 2 B x 4 x 4096; lse 4 B x 32 heads; MLP 4 x 2 B x ffn
+    assert layer_activation_bytes(S7, "bf16", 4096, "sdpa") == 16 * 4096 + 2 * 4 * 4096 + 4 * 32 + 8 * 11008 == 186_496
+    # 70B (GQA: k and v are 1024 wide)
+    assert layer_activation_bytes(S70, "bf16", 4096, "sdpa") == 16 * 8192 + 2 * (2 * 8192 + 2 * 1024) + 4 * 64 \
+        + 8 * 28672 == 397_568
+    # eager: k, v repeated to 32 heads, fp32 softmax (4 B) + bf16 copy (2 B) of 32 heads x 4096 keys
+    assert layer_activation_bytes(S7, "bf16", 4096, "eager") == 16 * 4096 + 2 * 4 * 4096 + 32 * 4096 * 6 \
+        + 8 * 11008 == 972_800
+
+
+def test_zero3_7b_per_gpu_by_hand():
+    spec = ZeroSpec(stage=3, activation_checkpointing=True)
+    p = plan(S7, _gpus(), Training(4096, 1, 1), spec)
+    part = 6_738_415_616 // 8  # 842_301_952 parameters per GPU
+    assert _terms(p) == {
+        "parameters, 16-bit": 2 * part,
+        "gradients, 16-bit": 2 * part,
+        "fp32 master weights + Adam m, v": 12 * part,
+        "fp32 gradients": 4 * part,  # sub_group_size 1e9 > 842M: one sub-group holds the whole partition
+        "persistent small params + grads (norms)": 2 * 2 * (2 * 32 + 1) * 4096,
+        "gathered params (live)": 2 * 1_000_000_000,  # stage3_max_live_parameters
+        "gathered grads (largest module)": 2 * 32_000 * 4096,
+        "reduce bucket": 2 * 4096 * 4096,  # "auto" = hidden^2
+        "activations: checkpointed layer inputs": 4096 * (32 * 2 * 4096 + 4 * 4096 + 4 * 4096),
+        "logits + loss (fp32 cross-entropy)": 4096 * 12 * 32_000,
+        "backward working set beyond the logits peak": 0,  # 2 x 186_496 B < 384_000 B of logits per token
+        "allocator fragmentation margin": int(0.1 * p.gpu_allocated_bytes),
+        "CUDA context + NCCL buffers": int(1.5 * GB),
+    }
+    assert p.gpu_allocated_bytes == 20 * part + 1_064_960 + 2 * GB + 262_144_000 + 33_554_432 + 1_207_959_552 \
+        + 1_572_864_000
+    assert p.gpu_bytes == p.gpu_allocated_bytes + int(0.1 * p.gpu_allocated_bytes) + int(1.5 * GB)
+
+
+def test_checkpointing_micro_batch_and_vocab_scale_activations():
+    spec = ZeroSpec(stage=3)
+    one = plan(S7, _gpus(), Training(4096, 1), spec)
+    two = plan(S7, _gpus(), Training(4096, 2), spec)
+    stored = "activations: 32 layers stored"
+    assert _terms(one)[stored] == 4096 * (32 * 186_496 + 32_768)
+    assert _terms(two)[stored] == 2 * _terms(one)[stored]
+    ckpt = plan(S7, _gpus(), Training(4096, 1), ZeroSpec(stage=3, activation_checkpointing=True))
+    assert ckpt.gpu_bytes < one.gpu_bytes - 20 * GB
+    # Llama-3's 128k vocabulary: the fp32 loss of one 8k-token sample needs 12.6 GB
+    s8 = load_shape("8b")
+    assert _terms(plan(s8, _gpus(), Training(8192), spec))["logits + loss (fp32 cross-entropy)"] \
+        == 8192 * 12 * 128_256 == 12_608_077_824
+
+
+def test_offload_moves_states_to_host_and_nvme():
+    opt = plan(S70, _gpus(), Training(4096), STANDALONE_CONFIGS["zero3_offload_optimizer"])
+    assert "fp32 master weights + Adam m, v" not in _terms(opt)
+    assert _terms(opt, "host")["fp32 master weights + Adam m, v"] == 8 * 12 * (68_976_648_192 // 8)
+    nvme = ZeroSpec(offload_optimizer=OptimizerOffload(device="nvme", nvme_path="/nvme"),
+                    offload_param=ParamOffload(device="nvme", nvme_path="/nvme"), sub_group_size=100_000_000)
+    p = plan(S70, _gpus(nvme_path="/nvme", nvme_free=10**13), Training(4096), nvme)
+    assert p.nvme_bytes == 18 * 68_976_648_192  # 2 params + 4 master + 8 Adam + 4 fp32 grads
+    assert _terms(p, "host")["optimizer NVMe swap buffers (pinned)"] == 8 * 4 * 4 * 100_000_000
+    assert _terms(p, "host")["param NVMe swap buffers (pinned)"] == 8 * 5 * 100_000_000 * 2
+    assert not plan(S70, _gpus(), Training(4096), nvme).fits_nvme  # no --nvme-path
+
+
+# --- DeepSpeed's estimators -----------------------------------------------------------------------
+
+HARDWARE = [(1, 8), (2, 4), (4, 8)]
+
+
+@pytest.mark.parametrize("nodes,per_node", HARDWARE)
+@pytest.mark.parametrize("name", ["7b", "70b", "8b"])
+def test_zero2_model_states_equal_deepspeed(name, nodes, per_node):
+    shape, hw = load_shape(name), _gpus(nodes, per_node)
+    _, ds_gpu = estimate_zero2_model_states_mem_needs(shape.params, per_node, nodes, cpu_offload=False)
+    assert plan(shape, hw, Training(4096), ZeroSpec(stage=2)).model_states("gpu") == pytest.approx(ds_gpu, abs=32)
+    _, ds_gpu = estimate_zero2_model_states_mem_needs(shape.params, per_node, nodes, cpu_offload=True)
+    offload = ZeroSpec(stage=2, offload_optimizer=OptimizerOffload(device="cpu"))
+    assert plan(shape, hw, Training(4096), offload).model_states("gpu") == ds_gpu  # 2 B x P: params only
+
+
+@pytest.mark.parametrize("nodes,per_node", HARDWARE)
+@pytest.mark.parametrize("name", ["7b", "70b", "8b"])
+def test_zero3_model_states_match_deepspeed_but_for_the_16bit_grad_buffer(name, nodes, per_node):
+    """DeepSpeed 0.19's ZeRO-3 keeps a 16-bit gradient partition (`grad_partitions_flat_buffer`, 2 B/param)
+    that its estimator does not count: ours = DeepSpeed's + 2 B x P/W, on the GPU or, offloaded, the host.
+    The estimator's 1.5 `additional_buffer_factor` (host) and 4 B x largest layer (GPU) are compared apart."""
+    shape, hw = load_shape(name), _gpus(nodes, per_node)
+    P, W, largest = shape.params, nodes * per_node, shape.largest_module_params
+    grad16 = 2 * P // W
+
+    def ds(opt, params):
+        cpu, gpu, largest_mem = estimate_zero3_model_states_mem_needs(P, largest, per_node, nodes, opt, params, True)
+        assert largest_mem == 4 * largest
+        return cpu / 1.5, gpu - largest_mem
+
+    whole = 10**12  # DeepSpeed's own default sub_group_size: one sub-group, so fp32 grads cover the partition
+    on_gpu = plan(shape, hw, Training(4096), ZeroSpec(sub_group_size=whole))
+    assert on_gpu.model_states("gpu") == pytest.approx(ds(False, False)[1] + grad16, abs=32)
+
+    opt = plan(shape, hw, Training(4096), STANDALONE_CONFIGS["zero3_offload_optimizer"])
+    host, gpu = ds(True, False)
+    assert opt.model_states("gpu") == pytest.approx(gpu, abs=32)  # the 16-bit param partition
+    assert opt.model_states("host") == pytest.approx(host + per_node * grad16, rel=1e-9)
+
+    both = STANDALONE_CONFIGS["zero3_offload_all"].model_copy(update={"max_live_parameters": largest,
+                                                                      "prefetch_bucket_size": 0})
+    full = plan(shape, hw, Training(4096), both)
+    host, gpu = ds(True, True)
+    assert full.model_states("gpu") == gpu == 0
+    assert full.model_states("host") == pytest.approx(host + per_node * grad16, rel=1e-9)
+    gathered = _terms(full)["gathered params (live)"] + _terms(full)["gathered grads (largest module)"]
+    assert gathered == 4 * largest  # = DeepSpeed's largest_layer_memory when only one module is live
+
+
+def test_deepspeed_still_allocates_the_16bit_grad_partition():
+    """Guards the difference above: if DeepSpeed drops this buffer, the planner must drop its 2 B/param."""
+    source = inspect.getsource(stage3.DeepSpeedZeroOptimizer_Stage3)
+    assert "self.grad_partitions_flat_buffer: Tensor = torch.zeros(sum(p.partition_numel()" in source
+    assert "dtype=self.gradient_accumulation_dtype" in source
+
+
+# --- the choice -----------------------------------------------------------------------------------
+
+def test_a_small_model_does_not_pay_for_zero3():
+    choice = choose(load_shape("tiny"), _gpus(1, 1, 8 * GB, 16 * GB), 512)
+    assert (choice.plan.spec.stage, choice.plan.spec.activation_checkpointing) == (2, False)
+    choice = choose(S7, _gpus(mem=80 * GB), 4096, global_batch=64)
+    assert (choice.plan.label, choice.plan.training.micro_batch, choice.plan.training.grad_accum) == ("ZeRO-2", 1, 8)
+
+
+def test_choice_writes_a_valid_config_that_reaches_the_global_batch():
+    choice = choose(S7, _gpus(), 4096, global_batch=64)
+    spec, t = choice.plan.spec, choice.plan.training
+    assert t.micro_batch * t.grad_accum * 8 == 64
+    assert choice.ds_config == build_ds_config(spec)
+    assert choice.training_args["per_device_train_batch_size"] == t.micro_batch
+    assert choice.training_args["gradient_accumulation_steps"] == t.grad_accum
+    assert not has_errors(check_ds_config(choice.ds_config, world_size=8, micro_batch=t.micro_batch,
+                                          grad_accum=t.grad_accum, device="cuda"))
+
+
+def test_seed_claim_70b_on_one_node_of_8x40gb():
+    choice = choose(S70, _gpus(1, 8), 4096)
+    best = choice.plan
+    assert best.label == "ZeRO-3 + offload optimizer (cpu) + checkpointing"
+    assert best.gpu_bytes < 40 * GB
+    # without offload even with checkpointing: 16 B x 70B / 8 of model states alone
+    assert not next(p for p in choice.tried if p.label == "ZeRO-3 + checkpointing").fits_gpu
+    # host: 18 B/param of offloaded states (DeepSpeed's estimator: 16 + our 2 B grad buffer), 8 processes, loading
+    P = 68_976_648_192
+    assert best.host_bytes == pytest.approx(1.1 * (18 * P + 8 * 3 * GB + 8 * 2 * 262_144_000), rel=1e-6)
+    assert round(best.host_bytes / GB) == 1397
+    assert choice.ds_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert choice.training_args["gradient_checkpointing"] is True
+
+
+def test_seed_claim_70b_on_two_nodes_of_4x40gb():
+    best = choose(S70, _gpus(2, 4), 4096).plan
+    assert best.label == "ZeRO-3 + offload optimizer (cpu) + checkpointing"
+    assert round(best.host_bytes / GB) == 698  # half the states per node
+    # On 1 TB nodes: 2 x 4 fits, 1 x 8 does not, and the answer says what would
+    assert choose(S70, _gpus(2, 4, host=1000 * GB), 4096).fits
+    one = choose(S70, _gpus(1, 8, host=1000 * GB), 4096)
+    assert not one.fits
+    assert "fits the GPUs but host RAM needs 1,396.8 GB per node of 1,000.0 GB" in one.advice
+    assert "It would fit on 2 nodes (16 GPUs of 40.0 GB)" in one.advice
+
+
+def test_nvme_is_the_last_resort():
+    hw = _gpus(1, 8, host=512 * GB, nvme_path="/nvme", nvme_free=4000 * GB)
+    best = choose(S70, hw, 4096).plan
+    assert (best.spec.offload_optimizer.device, best.spec.offload_param.device) == ("nvme", "none")
+    assert choose(S70, _gpus(1, 8, host=2000 * GB, nvme_path="/nvme", nvme_free=4000 * GB), 4096) \
+        .plan.spec.offload_optimizer.device == "cpu"
+
+
+def test_nothing_fits_names_the_gpu_memory_needed():
+    choice = choose(S70, _gpus(1, 1, 8 * GB, 64 * GB), 4096)  # checkpointed activations alone exceed 8 GB
+    assert not choice.fits and choice.plan is None
+    assert ("The most frugal option, ZeRO-3 + offload optimizer (cpu) and params (cpu) + checkpointing (micro batch "
+            "1), needs 14.2 GB per GPU") in choice.advice
+    assert "pass --nvme-path" in choice.advice
+
+
+def test_bad_batch_and_hardware_name_the_fix():
+    with pytest.raises(PlanError, match="global batch 100 is not a multiple of 8 GPUs: use a multiple such as 96"):
+        choose(S7, _gpus(), 4096, global_batch=100)
+    with pytest.raises(PlanError, match="micro batch 3 does not divide"):
+        choose(S7, _gpus(), 4096, global_batch=64, micro_batch=3)
+    with pytest.raises(PlanError, match="pass --gpus N"):
+        Hardware(1, 0, 40 * GB, None)
+    with pytest.raises(PlanError, match="seq_len must be >= 1"):
+        Training(0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_detect_hardware_without_gpus_asks_for_them(tmp_path):
+    with pytest.raises(PlanError, match="no GPU found on this machine: pass --gpus N and --gpu-mem SIZE"):
+        detect_hardware()
+    hw = detect_hardware(gpus_per_node=8, gpu_mem=40 * GB, nvme_path=str(tmp_path))
+    assert hw.host_ram is None  # planning for other GPUs: this machine's RAM says nothing about theirs
+    assert hw.nvme_free > 0 and hw.detected == ("nvme_free",)
+    with pytest.raises(PlanError, match="not a directory"):
+        detect_hardware(gpus_per_node=8, gpu_mem=40 * GB, nvme_path=str(tmp_path / "nope"))
+
+
+# --- after an OOM ---------------------------------------------------------------------------------
+
+def test_oom_advice_takes_the_cheapest_more_frugal_step():
+    advice = oom_advice(S7, _gpus(), Training(4096, 1, 8), ZeroSpec(stage=3))
+    assert advice.endswith("Next step (predicted 25.6 GB: ZeRO-3 + checkpointing, micro batch 1): "
+                           "--gradient_checkpointing true")
+    advice = oom_advice(S7, _gpus(), Training(4096, 1, 8), ZeroSpec(stage=3, activation_checkpointing=True))
+    assert "`hf-zero3 config new --precision bf16 --stage 3 --offload-optimizer cpu -o ds_config.planned.json`" \
+           in advice
+    s8 = load_shape("8b")
+    advice = oom_advice(s8, _gpus(mem=80 * GB), Training(8192, 8, 1), ZeroSpec(stage=2, activation_checkpointing=True))
+    assert advice.endswith("--per_device_train_batch_size 2 --gradient_accumulation_steps 4 (same global batch)")
+
+
+def test_oom_advice_for_host_memory_moves_to_nvme():
+    spec = STANDALONE_CONFIGS["zero3_offload_optimizer"].model_copy(update={"activation_checkpointing": True})
+    hw = _gpus(host=1000 * GB, nvme_path="/nvme", nvme_free=4000 * GB)
+    advice = oom_advice(S70, hw, Training(4096), spec, host=True, ds_config_path="my_ds.json")
+    assert "out of host RAM" in advice
+    assert "`hf-zero3 config new --like my_ds.json --stage 3 --offload-optimizer nvme --nvme-path /nvme" in advice
+    no_nvme = oom_advice(S70, _gpus(host=1000 * GB), Training(4096), spec, host=True)
+    assert "No more frugal option is predicted to fit" in no_nvme and "2 nodes" in no_nvme
+
+
+def test_oom_kind():
+    assert oom_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "cuda"
+    assert oom_kind(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                                 "you tried to allocate 1099511627776 bytes")) == "host"
+    assert oom_kind(ValueError("shapes do not match")) is None
+
+
+def test_oom_advice_for_run_reads_what_train_py_holds(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32000)
+    ds = SimpleNamespace(config=build_ds_config(ZeroSpec(stage=3)))
+    args = SimpleNamespace(hf_deepspeed_config=ds, deepspeed="ds.json", bf16=True, fp16=False,
+                           gradient_checkpointing=False, world_size=8, per_device_train_batch_size=1,
+                           gradient_accumulation_steps=8)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    seen = {}
+
+    def fake_detect(**kwargs):
+        seen.update(kwargs)
+        return _gpus(kwargs["nodes"], kwargs["gpus_per_node"])
+
+    monkeypatch.setattr(planner, "detect_hardware", fake_detect)
+    advice = oom_advice_for_run(config, args, 4096)
+    assert (seen["nodes"], seen["gpus_per_node"]) == (1, 8)
+    assert advice.endswith("--gradient_checkpointing true")
