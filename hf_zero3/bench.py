@@ -205,26 +205,36 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str) -> int:
     """Wait for a run, showing a progress bar from its train_log.jsonl."""
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=label, unit="step", file=sys.stderr) as bar:
+    start = time.time()
+    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
+    print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
     return proc.returncode
 
 
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
-              work_dir: Path, extra: list[str], breakdown: bool, model_label: str, seq_len: int,
+              work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str) -> Path:
-    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md."""
+    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md.
+
+    The report is rewritten after each variant, so a bench cut short still leaves what it measured.
+    """
     from hf_zero3.distributed import cuda_available, free_port
 
     on_gpu = cuda_available()
     variants = build_variants(recipe_dir, against, breakdown, on_gpu)
     work_dir.mkdir(parents=True, exist_ok=True)
+    short_hw, long_hw = hardware_label()
+    date = datetime.date.today().isoformat()
+    meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
+            "versions": versions(), "model": model, "seq_len": seq_len, "global_batch": global_batch,
+            "steps": steps, "warmup": warmup, "command": command, "configs": {}}
     per_variant: dict[str, list[dict]] = {}
     results: dict[str, dict] = {}
-    configs: dict[str, Any] = {}
+    report = out_dir / f"{model_label}_{short_hw}_{date}.md"
     for index, variant in enumerate(variants, 1):
         run_dir = work_dir / variant.name
         overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
@@ -237,7 +247,8 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         cmd = launch_command(variant, gpus, free_port(), recipe_dir / "train_args.yaml", overrides)
         with (work_dir / f"{variant.name}.log").open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps, f"[{index}/{len(variants)}] {variant.name}")
+            code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
+                           f"[{index}/{len(variants)}] {variant.name}")
         records = _read_jsonl(run_dir / "train_log.jsonl")
         per_variant[variant.name] = records
         if code != 0:
@@ -246,25 +257,22 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         else:
             results[variant.name] = summarize(records, warmup)
         run_config = run_dir / "run_config.json"
-        configs[variant.name] = json.loads(run_config.read_text()) if run_config.exists() else {"cmd": cmd}
-        configs[variant.name]["command"] = shlex.join(cmd)
-    short_hw, long_hw = hardware_label()
-    date = datetime.date.today().isoformat()
-    stem = f"{model_label}_{short_hw}_{date}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
-            "versions": versions(), "model": model_label, "seq_len": seq_len, "global_batch": global_batch,
-            "steps": steps, "warmup": warmup, "command": command, "configs": configs}
-    with (out_dir / f"{stem}.jsonl").open("w") as f:
+        meta["configs"][variant.name] = json.loads(run_config.read_text()) if run_config.exists() else {}
+        meta["configs"][variant.name]["command"] = shlex.join(cmd)
+        _write_outputs(report, meta, results, per_variant)
+    return report
+
+
+def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[str, list[dict]]) -> None:
+    report.parent.mkdir(parents=True, exist_ok=True)
+    with report.with_suffix(".jsonl").open("w") as f:
         for name, records in per_variant.items():
             for record in records:
                 f.write(json.dumps({"variant": name, **record}) + "\n")
-    report = out_dir / f"{stem}.md"
-    report.write_text(render_report(meta, results))
-    if plot(out_dir / f"{stem}.png", per_variant):
-        with report.open("a") as f:
-            f.write(f"\n![tokens/s and memory per step]({stem}.png)\n")
-    return report
+    text = render_report(meta, results)
+    if plot(report.with_suffix(".png"), per_variant):
+        text += f"\n![tokens/s and memory per step]({report.with_suffix('.png').name})\n"
+    report.write_text(text)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

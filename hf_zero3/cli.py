@@ -125,10 +125,16 @@ def _bench(args: argparse.Namespace) -> int:
     values = load_arguments([str(recipe / "train_args.yaml"), *extra])
     gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
-    label = args.label or Path(values.get("config_name") or values.get("model_name_or_path") or recipe.name).name
+    label = args.label or recipe.name
+    from hf_zero3.models import load_config_shape
+
+    shape = load_config_shape(values.get("model_name_or_path") or values["config_name"],
+                              overrides=values.get("config_overrides"))
+    model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
+             f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
     report = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
                        out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
-                       model_label=label, seq_len=values.get("block_size", 512), global_batch=global_batch,
+                       model_label=label, model=model, seq_len=values.get("block_size", 512), global_batch=global_batch,
                        command="hf-zero3 " + " ".join(args.argv))
     print(f"wrote {report}")
     return 0

@@ -45,6 +45,8 @@ STANDALONE_CONFIGS: dict[str, ZeroSpec] = {
 RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # Runs on a laptop CPU (fp32, gloo) and on GPUs (pass --bf16 true): precision follows TrainingArguments.
     "tiny": ZeroSpec(precision="auto"),
+    # Llama-3-8B on 2+ H100/H200: bf16 params, grads and Adam states fit partitioned; no offload, no checkpointing.
+    "8b": ZeroSpec(precision="bf16"),
 }
 
 
