@@ -19,12 +19,16 @@ H200X2 = Hardware(nodes=1, gpus_per_node=2, gpu_mem=141 * 10**9, host_ram=None)
 SEQ4096 = Training(seq_len=4096, micro_batch=1, grad_accum=4)
 CASES = [
     # (benchmark jsonl, variant, model, hardware, training, spec, what ran)
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096, ZeroSpec(precision="bf16"),
-     "ZeRO-3 (recipe 8b v1)"),
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", "8b", H200X2, SEQ4096,
+    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
+     ZeroSpec(precision="bf16"), "ZeRO-3, auto buckets"),
+    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "stock", "8b", H200X2, SEQ4096,
      ZeroSpec(precision="bf16", activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
     ("llama3-8b-zero3_big_buckets_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
      ZeroSpec(precision="bf16", **BIG_BUCKETS), "ZeRO-3, 5e8 buckets"),
+    ("llama3-8b_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
+     ZeroSpec(precision="bf16", **BIG_BUCKETS), "ZeRO-3, 5e8 buckets (recipe 8b v1)"),
+    ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", "8b", H200X2, SEQ4096,
+     ZeroSpec(precision="bf16", activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
     ("llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096, ZeroSpec(stage=2, precision="bf16"),
      "ZeRO-2"),
 ]

@@ -46,8 +46,8 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # Runs on a laptop CPU (fp32, gloo) and on GPUs (pass --bf16 true): precision follows TrainingArguments.
     "tiny": ZeroSpec(precision="auto"),
     # Llama-3-8B on 2+ H100/H200: bf16 params, grads and Adam states fit partitioned; no offload, no checkpointing.
-    # 5e8-element buckets: +15% tokens/s over the "auto" sizes on 2xH200 for +5 GiB
-    # (benchmarks/llama3-8b-zero3_big_buckets_2xH200_2026-11-30.md).
+    # 5e8-element buckets (DeepSpeed's own defaults) instead of the bridge's hidden_size**2: 6791 and 5967
+    # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread (benchmarks/README.md).
     "8b": ZeroSpec(precision="bf16", reduce_bucket_size=500_000_000, prefetch_bucket_size=500_000_000,
                    param_persistence_threshold=1_000_000, max_live_parameters=3_000_000_000),
 }

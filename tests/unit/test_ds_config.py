@@ -101,7 +101,8 @@ def test_bridge_fills_every_auto_and_deepspeed_accepts_the_result(name, tmp_path
             assert filled["optimizer"]["params"]["lr"] == 3e-4
             assert filled["optimizer"]["params"]["weight_decay"] == 0.1
         if spec.stage == 3:
-            assert filled["zero_optimization"]["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
+            expected = int(0.9 * 64 * 64) if spec.prefetch_bucket_size == "auto" else spec.prefetch_bucket_size
+            assert filled["zero_optimization"]["stage3_prefetch_bucket_size"] == expected
         with mock.patch("deepspeed.comm.get_rank", return_value=0), \
                 mock.patch("deepspeed.comm.get_world_size", return_value=world_size):
             ds = DeepSpeedConfig(filled)
