@@ -69,7 +69,8 @@ def deepspeed_tag_dir(checkpoint: Path) -> tuple[Path | None, list[str]]:
     return checkpoint / tag, []
 
 
-def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int, deepspeed: bool = True) -> list[str]:
+def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
+                      deepspeed: bool = True) -> list[str]:
     """Problems with one rank's own files: its DeepSpeed model/optimizer shards and its RNG state.
 
     Without DeepSpeed the optimizer is one `optimizer.pt`, written by rank 0.
@@ -272,7 +273,8 @@ def mark_saving(checkpoint: str | os.PathLike) -> None:
     (checkpoint / SAVING).write_text("a save into this folder started; hf_zero3_complete.json marks its end\n")
 
 
-def rotate(output_dir: str | os.PathLike, keep: int | None, protect: str | os.PathLike | None = None) -> list[Path]:
+def rotate(output_dir: str | os.PathLike, keep: int | None,
+           protect: str | os.PathLike | None = None) -> list[Path]:
     """Delete all but the newest `keep` complete checkpoints; returns the deleted ones.
 
     Incomplete folders never count and are never deleted here (a crashed save is cleaned up when the run
@@ -315,9 +317,9 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None,
     broken = [p for p in newer if not is_complete(p) and ((p / SAVING).is_file() or verify_checkpoint(p))]
     kept = [p for p in newer if p not in broken]
     if kept:
-        raise CheckpointError(f"{', '.join(map(str, kept))} {'is' if len(kept) == 1 else 'are'} newer than the resume "
-                              f"point {target} and would be overwritten: move {'it' if len(kept) == 1 else 'them'} "
-                              "out of output_dir, or resume from the newest complete one with 'auto'")
+        raise CheckpointError(f"{', '.join(map(str, kept))}: newer than the resume point {target}, would be "
+                              "overwritten: move it out of output_dir, or resume from the newest complete "
+                              "checkpoint with 'auto'")
     if target is not None:
         written_by = (read_marker(target) or {}).get("world_size")
         if written_by not in (None, world_size) and not (target / "latest_universal").is_file():

@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="launcher for the all-reduce, as for training (with --hostfile: deepspeed)")
     add("--nvme-path", action="append", default=[], metavar="DIR",
         help="check this NVMe offload directory (also taken from --config)")
-    add("--nvme-test-mb", type=_positive_int, default=256, help="size of the NVMe throughput test file")
+    add("--nvme-test-mb", type=_positive_int, default=256, metavar="MB",
+        help="size of the NVMe throughput test file")
     add("--matrix", action="append", default=[], metavar="REQ",
         help="override one package's supported range from setup.cfg, e.g. 'torch>=2.8,<2.14'")
     add("--skip", action="append", default=[], choices=CHECK_GROUPS, help="skip a group of checks")

@@ -15,7 +15,13 @@ import os
 import shutil
 from pathlib import Path
 
-from hf_zero3.checkpoint import CheckpointError, deepspeed_tag_dir, is_complete, verify_checkpoint, verify_weights
+from hf_zero3.checkpoint import (
+    CheckpointError,
+    deepspeed_tag_dir,
+    is_complete,
+    verify_checkpoint,
+    verify_weights,
+)
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 """--dtype choices -> torch dtype names (as config.json spells them)."""
@@ -82,7 +88,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (tmp / "README.md").write_text(model_card(checkpoint, dtype=dtype))
     if problems := verify_weights(tmp, shapes_from=checkpoint):
-        raise CheckpointError(f"export of {checkpoint} is wrong, kept for inspection in {tmp}: {'; '.join(problems)}")
+        raise CheckpointError(f"export of {checkpoint} is wrong (kept for inspection in {tmp}): "
+                              f"{'; '.join(problems)}")
     tmp.rename(out)
     return out
 

@@ -179,7 +179,7 @@ def _check_output_dir(output_dir: str, resume: str | None, overwrite: bool) -> s
                          "or 'auto' for the newest complete one in output_dir")
     if resume is not None:
         try:
-            target, half_written = plan_resume(output_dir, resume, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+            target, half_written = plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")))
         except CheckpointError as e:
             raise UsageError(str(e)) from e
         if dist.is_initialized():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ class CheckpointGuardCallback(TrainerCallback):
     good checkpoint. Here, after each save, every rank checks its own DeepSpeed shards and RNG state, rank 0
     checks `latest`, the trainer state and the gathered 16-bit weights, and only then writes
     `hf_zero3_complete.json` (see `hf_zero3.checkpoint`). Before a save, every rank checks that the disk can
-    hold one more checkpoint, so a full disk is a clear error instead of a half-written folder.
+    hold one more checkpoint, so a full disk is a clear error instead of a half-written folder; a save that
+    fails anyway (the disk filled up meanwhile) ends with a note that names the cause and the way back.
 
     Args:
         save_total_limit: complete checkpoints to keep (None: keep all). Set it here and leave
@@ -33,6 +35,8 @@ class CheckpointGuardCallback(TrainerCallback):
         self.save_total_limit = save_total_limit
         self.space_margin = space_margin
         self._started = (time.time(), 0)
+        self._saving: Path | None = None  # the checkpoint being written, between on_step_end and on_save
+        self._previous_hook = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if args.save_total_limit is not None:
@@ -41,6 +45,26 @@ class CheckpointGuardCallback(TrainerCallback):
                 "checkpoints by folder name, complete or not: set it to None and pass "
                 "CheckpointGuardCallback(save_total_limit=...) instead (hf-zero3 train does this for you)")
         self._started = (time.time(), state.global_step)
+        self._previous_hook = sys.excepthook
+        sys.excepthook = lambda *exc: self._explain_failed_save(args, *exc)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._previous_hook is not None:
+            sys.excepthook, self._previous_hook = self._previous_hook, None
+
+    def _explain_failed_save(self, args, exc_type, exc, tb) -> None:
+        """torch.save reports a full disk as "iostream error" / "unexpected pos": say what happened, what now."""
+        self._previous_hook(exc_type, exc, tb)
+        if self._saving is None:
+            return
+        newest = ckpt.newest_complete(args.output_dir)
+        need = (ckpt.read_marker(newest) or {}).get("bytes", 0) if newest else 0
+        free = shutil.disk_usage(self._saving if self._saving.exists() else args.output_dir).free
+        cause = (f"the disk is full ({free / 1e6:.1f} MB free, a checkpoint takes {need / 1e6:.1f} MB)"
+                 if free < need else f"{exc_type.__name__}, {free / 1e6:.1f} MB free on its disk")
+        print(f"hf_zero3: rank {args.process_index}: saving {self._saving} failed: {cause}. It has no completion "
+              f"marker; --resume_from_checkpoint auto removes it and resumes from {newest}. Fix the cause, then "
+              "resume.", file=sys.stderr, flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save:
@@ -66,10 +90,11 @@ class CheckpointGuardCallback(TrainerCallback):
                 "with --resume_from_checkpoint auto")
         if state.is_world_process_zero:
             ckpt.mark_saving(folder)
+        self._saving = folder
 
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, deepspeed=bool(args.deepspeed))
+        problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
         if state.is_world_process_zero:
             problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args))
         problems = [p for record in gather_from_ranks({"problems": problems}) for p in record["problems"]]
@@ -77,6 +102,7 @@ class CheckpointGuardCallback(TrainerCallback):
             raise ckpt.CheckpointError(
                 f"{folder} is incomplete: {'; '.join(problems)}. It has no completion marker, so it is never "
                 f"resumed from; the newest complete checkpoint is {ckpt.newest_complete(args.output_dir)}")
+        self._saving = None
         if not state.is_world_process_zero:
             return
         ckpt.write_marker(folder, _provenance(args, state, self._started))

@@ -29,9 +29,11 @@ def make_checkpoint(root: Path, step: int, world_size: int = 2, marked: bool = T
     for rank in range(world_size):
         states = {"param_shapes": [OrderedDict((k, torch.Size(v)) for k, v in SHAPES.items())],
                   "dp_world_size": world_size, "shared_params": {}, "frozen_param_shapes": None,
-                  "ds_config": {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}}
+                  "ds_config": {"zero_optimization": {"stage": 3,
+                                                      "stage3_gather_16bit_weights_on_model_save": True}}}
         torch.save(states, tag / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        torch.save({"fp32_flat_groups": [torch.zeros(32)]}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        optim = {"fp32_flat_groups": [torch.zeros(32)]}
+        torch.save(optim, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
         torch.save({"cpu": torch.get_rng_state()}, folder / f"rng_state_{rank}.pth")
     history = [{"step": step, "loss": loss}]
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
@@ -54,7 +56,8 @@ def test_a_fully_written_checkpoint_has_no_problems_and_the_marker_lists_its_fil
     record = ckpt.read_marker(folder)
     assert record["step"] == 10 and record["world_size"] == 2
     assert "global_step10/zero_pp_rank_1_mp_rank_00_optim_states.pt" in record["files"]
-    assert record["bytes"] == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != ckpt.MARKER)
+    files = [p for p in folder.rglob("*") if p.is_file() and p.name != ckpt.MARKER]
+    assert record["bytes"] == sum(p.stat().st_size for p in files)
     assert ckpt.is_complete(folder)
 
 
@@ -128,7 +131,7 @@ def test_auto_resume_never_deletes_an_unmarked_folder_that_verifies(tmp_path):
     """A checkpoint written without hf_zero3 (no marker) but whole: ours to leave alone, so it is an error."""
     make_checkpoint(tmp_path, 10)
     make_checkpoint(tmp_path, 20, marked=False)
-    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 is newer than the resume point"):
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20: newer than the resume point"):
         ckpt.plan_resume(tmp_path, "auto", world_size=2)
 
 
@@ -199,6 +202,32 @@ def test_guard_stops_before_a_save_the_disk_cannot_hold(tmp_path):
     assert not (tmp_path / "checkpoint-20").exists()
 
 
+def test_guard_explains_a_save_that_fails_on_a_full_disk(tmp_path, capsys):
+    """torch.save says "iostream error" when the disk fills mid-save: the guard adds what it means."""
+    import sys
+
+    from hf_zero3.callbacks import CheckpointGuardCallback
+
+    folder = make_checkpoint(tmp_path, 10)
+    record = ckpt.read_marker(folder)
+    (folder / ckpt.MARKER).write_text(json.dumps({**record, "bytes": 10**18}))
+    guard, hook = CheckpointGuardCallback(space_margin=0.0), sys.excepthook
+    args, state, control = _guard_args(tmp_path)
+    guard.on_train_begin(args, state, control)
+    try:
+        state.global_step, control.should_save = 20, True
+        guard.on_step_end(args, state, control)
+        sys.excepthook(RuntimeError, RuntimeError("basic_ios::clear: iostream error"), None)
+    finally:
+        guard.on_train_end(args, state, control)
+    assert sys.excepthook is hook
+    err = capsys.readouterr().err
+    assert "RuntimeError: basic_ios::clear: iostream error" in err
+    assert f"saving {tmp_path / 'checkpoint-20'} failed: the disk is full" in err
+    assert f"removes it and resumes from {folder}" in err
+    assert (tmp_path / "checkpoint-20" / ckpt.SAVING).is_file()
+
+
 def test_guard_marks_a_plain_trainer_checkpoint_and_rotates(tmp_path):
     """Without DeepSpeed the same guard applies: optimizer.pt, rng_state.pth, trainer state, weights."""
     from hf_zero3.callbacks import CheckpointGuardCallback
@@ -234,8 +263,8 @@ def test_model_card_reports_recipe_hardware_loss_and_configs(tmp_path):
                                "throughput": {"samples_per_second": 14.3, "steps_per_second": 0.9,
                                               "measured_over_steps": 10}})
     card = model_card(folder, dtype="bf16")
-    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU x86_64 |", "| final training loss | 2.5000 "
-                 "(step 10) |", "14.30 samples/s", "hf_zero3 0.1.0", '"zero": 3'):
+    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU x86_64 |",
+                 "| final training loss | 2.5000 (step 10) |", "14.30 samples/s", "hf_zero3 0.1.0", '"zero": 3'):
         assert text in card, text
 
 

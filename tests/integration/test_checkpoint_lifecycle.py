@@ -1,0 +1,402 @@
+"""The checkpoint lifecycle under real 2-rank ZeRO-3 on CPU: kill -9, full disk, keep-last-N, resume, export,
+reshard, Hub push. Runs are shared between assertions (module fixtures) to keep the file near 5 minutes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from hf_zero3 import checkpoint as ckpt
+from hf_zero3.distributed import free_port
+from tests.conftest import ROOT, TINY_YAML, explain, run, subprocess_env, train_log
+
+pytestmark = pytest.mark.integration
+
+STEPS = 8
+COMMON = ["--max_steps", str(STEPS), "--save_steps", "2", "--logging_steps", "1", "--validation_file", "null",
+          "--warmup_steps", "2"]
+TOKEN = "hf_" + secrets.token_hex(16)
+"""A fake Hub token: must reach the Hub's Authorization header and nothing else."""
+
+
+class LocalHub:
+    """The part of the Hub HTTP API that `huggingface_hub` uses to create a repo, a branch and a commit."""
+
+    def __init__(self):
+        self.repos, self.branches, self.commits, self.auth = {}, [], [], set()
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hub.auth.add(self.headers.get("Authorization"))
+                parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:2] == ["api", "repos"]:
+                    data = json.loads(body)
+                    repo = f"{data.get('organization')}/{data['name']}"
+                    hub.repos[repo] = data
+                    return self.reply({"url": f"{hub.url}/{repo}"})
+                if parts[:2] == ["api", "validate-yaml"]:
+                    return self.reply({"errors": [], "warnings": []})
+                repo, verb = "/".join(parts[2:4]), parts[4]
+                if verb == "branch":
+                    hub.branches.append((repo, parts[5]))
+                    return self.reply({})
+                if verb == "preupload":
+                    files = json.loads(body)["files"]
+                    modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                             for f in files]
+                    return self.reply({"files": modes})
+                if verb == "commit":
+                    lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+                    files = {item["value"]["path"]: base64.b64decode(item["value"]["content"])
+                             for item in lines if item["key"] == "file"}
+                    hub.commits.append({"repo": repo, "revision": parts[5], "files": files,
+                                        "summary": lines[0]["value"]["summary"]})
+                    return self.reply({"commitUrl": f"{hub.url}/{repo}/commit/{len(hub.commits):040d}",
+                                       "commitOid": f"{len(hub.commits):040d}", "success": True})
+                self.send_error(404, f"LocalHub does not serve {self.path}")
+
+            def reply(self, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def hub():
+    server = LocalHub()
+    yield server
+    server.server.shutdown()
+
+
+def hub_env(hub: LocalHub) -> dict[str, str]:
+    return {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+class Launch:
+    """recipes/tiny/launch.sh in its own session, output to a file, so a test can watch, kill and wait."""
+
+    def __init__(self, out: Path, *extra, log: Path, **env):
+        self.out, self.log = Path(out), Path(log)
+        with self.log.open("w") as f:
+            self.proc = subprocess.Popen([str(c) for c in [ROOT / "recipes/tiny/launch.sh", "--output_dir", out,
+                                                           *COMMON, *extra]],
+                                         cwd=ROOT, env=subprocess_env(MASTER_PORT=str(free_port()), **env),
+                                         stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def rank_pid(self, rank: int, timeout: float = 300) -> int:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    if f"--local_rank={rank}" in child.cmdline() and "hf_zero3.train" in child.cmdline():
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError(f"rank {rank} never started\n{self.text()}")
+
+    def wait_for(self, condition, timeout: float = 300, poll: float = 0.2) -> None:
+        deadline = time.time() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"run ended before the condition held\n{self.text()}"
+            assert time.time() < deadline, f"timed out\n{self.text()}"
+            time.sleep(poll)
+
+    def kill_rank(self, rank: int) -> None:
+        os.kill(self.rank_pid(rank), signal.SIGKILL)
+
+    def wait(self, timeout: float = 300) -> int:
+        """The exit status; a run that outlives `timeout`, or leaves a rank behind, is a hang: kill and fail."""
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"hung: no exit {timeout} s after the failure\n{self.text()}") from None
+        time.sleep(1)
+        left = [p for p in psutil.process_iter(["pid", "cmdline"])
+                if str(self.out) in " ".join(p.info["cmdline"] or [])]
+        for process in left:
+            process.kill()
+        assert not left, f"ranks left running after the launcher exited: {[p.info['pid'] for p in left]}"
+        return status
+
+    def text(self) -> str:
+        return self.log.read_text()[-6000:]
+
+
+def logged_steps(out: Path) -> list[int]:
+    path = out / "train_log.jsonl"
+    return [r["step"] for r in train_log(out) if "loss" in r] if path.is_file() else []
+
+
+def losses_by_step(out: Path) -> dict[int, float]:
+    """The last logged loss of each step (a resumed run appends to the same log)."""
+    return {r["step"]: r["loss"] for r in train_log(out) if "loss" in r}
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, hub):
+    """The uninterrupted run: 8 steps, a save every 2, keep 2, pushing each complete checkpoint to LocalHub."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    started = time.time()
+    proc = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", out, *COMMON, "--save_total_limit", "2",
+                "--push_to_hub", "true", "--hub_model_id", "org/tiny-run", "--hub_private_repo", "true"],
+               MASTER_PORT=str(free_port()), **hub_env(hub))
+    assert proc.returncode == 0, explain(proc)
+    print(f"reference run: {time.time() - started:.0f} s")
+    return proc, out
+
+
+def test_keep_last_n_leaves_the_newest_two_complete_checkpoints(reference):
+    _, out = reference
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-6", "checkpoint-8"]
+    for folder in ckpt.list_checkpoints(out):
+        assert ckpt.is_complete(folder) and ckpt.verify_checkpoint(folder) == [], folder
+    record = ckpt.read_marker(out / "checkpoint-8")
+    assert record["world_size"] == 2 and record["weights_16bit"] is True
+    assert record["recipe"] == {"name": "tiny", "version": "v1"}
+    assert record["files"]["global_step8/zero_pp_rank_1_mp_rank_00_optim_states.pt"] > 1_000_000
+
+
+def test_callback_pushes_exported_weights_with_a_card_at_each_save(reference, hub):
+    proc, out = reference
+    pushes = [c for c in hub.commits if c["repo"] == "org/tiny-run"]
+    pushed = [c["summary"] for c in pushes]  # one push at a time in the background: a busy save is skipped
+    assert pushed[0] == "checkpoint-2 (step 2)" and pushed[-1] == "checkpoint-8 (step 8)", pushed
+    assert set(pushed) <= {f"checkpoint-{s} (step {s})" for s in (2, 4, 6, 8)}, pushed
+    created = hub.repos["org/tiny-run"]
+    assert created.get("private") is True or created.get("visibility") == "private", created
+    assert set(pushes[-1]["files"]) == {"model.safetensors", "config.json", "generation_config.json",
+                                        "tokenizer.json", "tokenizer_config.json", "README.md"}
+    card = pushes[-1]["files"]["README.md"].decode()
+    final_loss = losses_by_step(out)[STEPS]
+    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU", "samples/s", '"stage": 3',
+                 f"| final training loss | {final_loss:.4f} (step 8) |", '"per_device_train_batch_size": 8'):
+        assert text in card, text
+    from safetensors.torch import load
+
+    pushed = load(pushes[-1]["files"]["model.safetensors"])
+    trained = weights(out / "checkpoint-8")
+    assert all(torch.equal(pushed[k], trained[k].to(torch.bfloat16)) for k in trained)
+    assert "hf_zero3: pushed checkpoint-8 to org/tiny-run" in proc.stdout
+
+
+def test_the_token_reaches_the_hub_and_nothing_else(reference, hub):
+    proc, out = reference
+    assert f"Bearer {TOKEN}" in hub.auth
+    assert TOKEN not in proc.stdout + proc.stderr
+    for commit in hub.commits:
+        assert all(TOKEN.encode() not in data for data in commit["files"].values())
+    for path in out.rglob("*"):
+        assert not path.is_file() or TOKEN.encode() not in path.read_bytes(), path
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """kill -9 one rank at a random step; resume and kill -9 again in the middle of a save; resume to the end."""
+    root = tmp_path_factory.mktemp("killed")
+    out = root / "run"
+    step = random.Random().randint(3, 5)
+    first = Launch(out, log=root / "1.log")
+    first.wait_for(lambda: max(logged_steps(out), default=0) >= step)
+    first.kill_rank(1)
+    first_status = first.wait(timeout=120)
+    after_first = ckpt.newest_complete(out)
+
+    second = Launch(out, "--resume_from_checkpoint", "auto", log=root / "2.log")
+    mid_save = ckpt.checkpoint_step(after_first) + 2
+    second.wait_for(lambda: (out / f"checkpoint-{mid_save}" / f"global_step{mid_save}").is_dir(), poll=0.001)
+    second.kill_rank(0)
+    second_status = second.wait(timeout=120)
+    half_written = out / f"checkpoint-{mid_save}"
+    half_written_state = (half_written.is_dir(), ckpt.is_complete(half_written),
+                          (half_written / ckpt.SAVING).exists())
+    after_second = ckpt.newest_complete(out)
+
+    third = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", out, *COMMON, "--resume_from_checkpoint",
+                 "auto"], MASTER_PORT=str(free_port()))
+    return {"out": out, "step": step, "first": (first_status, after_first, first.text()), "mid_save": mid_save,
+            "second": (second_status, half_written_state, after_second), "third": third}
+
+
+def test_kill_at_a_random_step_leaves_the_complete_checkpoints_before_it(killed_and_resumed):
+    status, after_first, log = killed_and_resumed["first"]
+    assert status != 0, log
+    assert after_first is not None and ckpt.checkpoint_step(after_first) <= killed_and_resumed["step"] + 1, log
+
+
+def test_kill_in_the_middle_of_a_save_leaves_it_unmarked_and_the_previous_one_newest(killed_and_resumed):
+    status, (exists, complete, saving), after_second = killed_and_resumed["second"]
+    assert status != 0
+    assert exists and not complete and saving
+    assert ckpt.checkpoint_step(after_second) == killed_and_resumed["mid_save"] - 2
+
+
+def test_resume_cleans_up_the_half_written_save_and_continues_bit_identically(killed_and_resumed, reference):
+    out, third = killed_and_resumed["out"], killed_and_resumed["third"]
+    _, after_second = killed_and_resumed["second"][1:]
+    assert third.returncode == 0, explain(third)
+    mid_save = killed_and_resumed["mid_save"]
+    assert f"removing {out / f'checkpoint-{mid_save}'}: its save never finished" in third.stdout
+    resumed_from = ckpt.checkpoint_step(after_second)
+    steps = logged_steps(out)  # three runs appended to one log: the third starts where the order restarts
+    restart = max(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[restart:] == list(range(resumed_from + 1, STEPS + 1)), steps
+    ours, uninterrupted = losses_by_step(out), losses_by_step(reference[1])
+    assert [ours[s] for s in range(1, STEPS + 1)] == [uninterrupted[s] for s in range(1, STEPS + 1)]
+    final, expected = weights(out), weights(reference[1])
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert all(ckpt.is_complete(p) for p in ckpt.list_checkpoints(out))
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); needs root")
+
+
+@pytest.fixture(scope="module")
+def small_disks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("disks")
+    mounts = []
+
+    def mount(name: str, size: str) -> Path:
+        _mount_tmpfs(root / name, size)
+        mounts.append(root / name)
+        return root / name
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_disk_too_small_for_the_next_checkpoint_is_a_clear_error_before_writing(small_disks, tmp_path):
+    disk = small_disks("precheck", "26m")  # one ~16 MB checkpoint fits, a second does not
+    proc = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", disk / "run", *COMMON], timeout=300,
+               MASTER_PORT=str(free_port()))
+    assert proc.returncode != 0
+    assert "disk full: checkpoint-4 needs about 0.01" in proc.stdout + proc.stderr, explain(proc)
+    assert [p.name for p in ckpt.list_checkpoints(disk / "run")] == ["checkpoint-2"]
+    assert ckpt.is_complete(disk / "run/checkpoint-2") and ckpt.verify_checkpoint(disk / "run/checkpoint-2") == []
+
+
+def test_disk_full_in_the_middle_of_a_save_keeps_older_checkpoints_and_resumes(small_disks, tmp_path, reference):
+    """checkpoint-4 lives on a 6 MB disk (a symlink): the save fails half-way; the run ends, nothing hangs."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint-4").symlink_to(small_disks("full", "6m"))
+    first = Launch(out, "--overwrite_output_dir", "true", log=tmp_path / "1.log")
+    assert first.wait(timeout=300) != 0
+    assert f"saving {out / 'checkpoint-4'} failed: the disk is full" in first.text(), first.text()
+    assert ckpt.is_complete(out / "checkpoint-2") and not ckpt.is_complete(out / "checkpoint-4")
+    resumed = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", out, *COMMON, "--resume_from_checkpoint",
+                   "auto"], MASTER_PORT=str(free_port()))
+    assert resumed.returncode == 0, explain(resumed)
+    assert f"removing {out / 'checkpoint-4'}" in resumed.stdout
+    assert not (out / "checkpoint-4").is_symlink() and ckpt.is_complete(out / "checkpoint-4")
+    assert losses_by_step(out) == losses_by_step(reference[1])
+
+
+@pytest.fixture(scope="module")
+def exported(reference, tmp_path_factory):
+    _, out = reference
+    root = tmp_path_factory.mktemp("export")
+    fp32 = run(["hf-zero3", "export", out / "checkpoint-8", root / "fp32", "--dtype", "fp32"])
+    bf16 = run(["hf-zero3", "export", out / "checkpoint-8", root / "bf16", "--shard-size", "1MB"])
+    assert fp32.returncode == 0 and bf16.returncode == 0, explain(fp32) + explain(bf16)
+    return out, root
+
+
+def _logits(folder: Path, dtype=torch.float32) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    ids = torch.arange(64).reshape(2, 32) % model.config.vocab_size
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def test_export_reloads_with_from_pretrained_and_matches_the_trained_logits(exported):
+    out, root = exported
+    assert torch.equal(_logits(root / "fp32"), _logits(out))  # fp32 master weights == the final model, exactly
+    assert sorted(p.name for p in (root / "fp32").iterdir()) == [
+        "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json"]
+    shards = sorted((root / "bf16").glob("model-*.safetensors"))
+    assert len(shards) >= 3 and (root / "bf16/model.safetensors.index.json").is_file()
+    assert json.loads((root / "bf16/config.json").read_text())["dtype"] == "bfloat16"
+    bf16_logits = _logits(root / "bf16", dtype=torch.bfloat16)
+    assert torch.allclose(bf16_logits, _logits(out), atol=0.1), (bf16_logits - _logits(out)).abs().max()
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(root / "bf16")("hello").input_ids
+
+
+def test_push_cli_uploads_an_exported_folder_to_a_private_branch(exported, hub):
+    _, root = exported
+    proc = run(["hf-zero3", "push", root / "bf16", "--repo-id", "org/cli", "--private", "--revision", "v1"],
+               **hub_env(hub))
+    assert proc.returncode == 0, explain(proc)
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert ("org/cli", "v1") in hub.branches
+    commit = [c for c in hub.commits if c["repo"] == "org/cli"][-1]
+    assert commit["revision"] == "v1"
+    assert set(commit["files"]) == {p.name for p in (root / "bf16").iterdir()}
+    assert "| recipe | tiny v1 |" in commit["files"]["README.md"].decode()
+
+
+def test_reshard_two_ranks_then_resume_on_one(reference, tmp_path):
+    """Universal checkpoint from the 2-rank checkpoint-6, then steps 7-8 on one rank with the same global batch."""
+    import shutil
+
+    _, out = reference
+    resumed = tmp_path / "run"
+    resumed.mkdir()
+    shutil.copytree(out / "checkpoint-6", resumed / "checkpoint-6")
+    proc = run(["hf-zero3", "reshard", resumed / "checkpoint-6"])
+    assert proc.returncode == 0, explain(proc)
+    assert (resumed / "checkpoint-6/latest_universal").read_text() == "global_step6_universal"
+    ds_config = json.loads((ROOT / "recipes/tiny/ds_config.json").read_text())
+    ds_config["checkpoint"] = {"load_universal": True}
+    (tmp_path / "ds_universal.json").write_text(json.dumps(ds_config))
+    one = run(["python", "-m", "hf_zero3.train", TINY_YAML, *COMMON, "--per_device_train_batch_size", "16",
+               "--deepspeed", tmp_path / "ds_universal.json", "--output_dir", resumed,
+               "--resume_from_checkpoint", "auto"])
+    assert one.returncode == 0, explain(one)
+    assert "ZeRO stage 3 | world size 1 | micro batch 16" in one.stdout
+    ours, uninterrupted = losses_by_step(resumed), losses_by_step(out)
+    assert sorted(ours) == [7, 8]
+    assert all(abs(ours[s] - uninterrupted[s]) < 1e-5 for s in ours), (ours, uninterrupted)
