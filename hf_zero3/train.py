@@ -245,6 +245,21 @@ def _banner(trainer) -> str:
             f"{args.world_size} ranks = global batch {global_batch} | {precision} | device {args.device}")
 
 
+def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
+    """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
+    from hf_zero3.planner import oom_advice_for_run, oom_kind
+
+    kind = oom_kind(error)
+    if kind is None:
+        return
+    try:
+        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host")
+    except Exception as planner_error:  # never hide the OOM behind a planner problem
+        advice = f"(the planner could not suggest a next step: {planner_error})"
+    print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
+          f"{advice}", file=sys.stderr, flush=True)
+
+
 def write_run_config(path: Path, model_args, data_args, trainer) -> None:
     """The resolved arguments and the ds_config as the bridge filled it: what actually ran."""
     ds = trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None
@@ -291,7 +306,11 @@ def run(argv: list[str]) -> dict[str, float]:
     training_args.save_total_limit, training_args.push_to_hub = None, False
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        _explain_oom(error, model.config, training_args, data_args.block_size)
+        raise
     metrics = dict(result.metrics)
     trainer.save_model()
     trainer.save_state()

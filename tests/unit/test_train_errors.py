@@ -114,3 +114,19 @@ def test_yaml_1_1_booleans_and_null_reach_the_fields_as_meant(tmp_path):
 def test_badly_typed_override_names_the_field(capsys, flag, value, message):
     assert main([str(TINY_YAML), flag, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_out_of_memory_gets_a_planner_line_and_other_errors_do_not(capsys, tmp_path):
+    import torch
+    from transformers import AutoConfig, TrainingArguments
+
+    from hf_zero3.train import _explain_oom
+
+    config = AutoConfig.from_pretrained(ROOT / "assets/tiny/model")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    _explain_oom(RuntimeError("shape mismatch"), config, args, 128)
+    assert capsys.readouterr().err == ""
+    _explain_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), config, args, 128)
+    err = capsys.readouterr().err
+    assert "hf_zero3: out of GPU memory." in err
+    assert "--gpus N and --gpu-mem SIZE" in err  # this CPU machine has no GPU to plan for: it says so
