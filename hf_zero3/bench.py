@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -150,7 +151,7 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
              f"sequences ({meta['global_batch'] * meta['seq_len']} tokens) per step; {meta['steps']} measured steps "
              f"after {meta['warmup']} warm-up steps (medians; peaks over the whole run).", "",
              "Command:", "", "```", meta["command"], "```", "",
-             "| config | tokens/s/GPU | TFLOP/s/GPU | MFU (vs 989) | peak alloc GiB | peak reserved GiB | host RSS GiB "
+             "| config | tokens/s/GPU | TFLOP/s/GPU | MFU | peak alloc GiB | peak reserved GiB | host RSS GiB "
              "| step s | fwd/bwd/step ms | final loss |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if "error" in r:
@@ -167,7 +168,7 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
             lines.append("")
             lines.append(f"ours / {name}: {ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
     lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
-              "embeddings) against the GPU's dense bf16 peak (989 TFLOP/s for H100/H200).", "",
+              "embeddings) against the GPU's dense bf16 peak (`hf_zero3.callbacks.throughput.PEAK_TFLOPS`: 989 TFLOP/s for H100 SXM/H200).", "",
               "## Resolved configurations", ""]
     for name, config in meta["configs"].items():
         lines += [f"### {name}", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
@@ -237,6 +238,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     report = out_dir / f"{model_label}_{short_hw}_{date}.md"
     for index, variant in enumerate(variants, 1):
         run_dir = work_dir / variant.name
+        shutil.rmtree(run_dir, ignore_errors=True)  # the bench's own scratch run: old records must not mix in
         overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
                      "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
                      "--output_dir", str(run_dir), "--overwrite_output_dir", "true", *extra]

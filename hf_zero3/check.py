@@ -296,6 +296,14 @@ def _enabled(config: dict, block: str) -> bool:
 
 def _precision(config: dict, device: str | None) -> list[Finding]:
     findings = []
+    if "bfloat16" in config:
+        if "bf16" in config:
+            findings.append(Finding("error", "bfloat16", "both 'bf16' and its old alias 'bfloat16' are set: DeepSpeed "
+                                                         "reads only 'bf16'. Remove the 'bfloat16' block"))
+        else:
+            findings.append(Finding("warning", "bfloat16", "old alias of 'bf16': the HF Trainer adds "
+                                                           "bf16.enabled=false when --bf16 is off, which DeepSpeed "
+                                                           "reads first, so the run trains in fp32. Rename it 'bf16'"))
     if _enabled(config, "fp16") and (_enabled(config, "bf16") or _enabled(config, "bfloat16")):
         findings.append(Finding("error", "fp16.enabled", "fp16 and bf16 are both enabled: keep one "
                                                          "(bf16 on Ampere/Hopper, fp16 on V100/T4)"))
@@ -319,7 +327,8 @@ def _zero(config: dict) -> list[Finding]:
         findings.append(Finding("error", "zero_optimization.offload_param",
                                 f"parameter offload needs ZeRO stage 3 (stage is {stage}): set "
                                 "zero_optimization.stage to 3 or remove offload_param"))
-    if opt_device not in ("none", None) and "optimizer" not in config:
+    if opt_device not in ("none", None) and "optimizer" not in config and \
+            config.get("zero_force_ds_cpu_optimizer", True) is not False:
         findings.append(Finding("error", "optimizer",
                                 "the optimizer is offloaded but there is no optimizer block: the Trainer then "
                                 "passes torch AdamW, which DeepSpeed refuses with ZeRO-Offload (or runs slowly "

@@ -28,7 +28,12 @@ def _config_new(args: argparse.Namespace) -> int:
 
     notes: list[str] = []
     if args.like:
-        spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
+        try:
+            spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
+        except (FileNotFoundError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            print(f"error: cannot convert {args.like}: {e}\nRun `hf-zero3 config check {args.like}` for every "
+                  "finding with its fix", file=sys.stderr)
+            return 2
         fields = spec.model_dump(exclude_unset=True)
     elif args.preset:
         fields = STANDALONE_CONFIGS[args.preset].model_dump(exclude_unset=True)
@@ -82,7 +87,8 @@ def _config_check(args: argparse.Namespace) -> int:
     if device == "auto":
         import torch
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # A login node without GPUs says nothing about where the job runs: skip device checks there.
+        device = "cuda" if torch.cuda.is_available() else "any"
     findings = check_ds_config(config, world_size=args.world_size, micro_batch=args.micro_batch,
                                grad_accum=args.grad_accum, device=None if device == "any" else device)
     for finding in findings:
@@ -122,13 +128,20 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
         return 2
     extra = args.overrides
-    values = load_arguments([str(recipe / "train_args.yaml"), *extra])
+    try:
+        values = load_arguments([str(recipe / "train_args.yaml"), *extra])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not (values.get("model_name_or_path") or values.get("config_name")):
+        print("error: no model: set model_name_or_path or config_name in the recipe or after --", file=sys.stderr)
+        return 2
     gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
     label = args.label or recipe.name
     from hf_zero3.models import load_config_shape
 
-    shape = load_config_shape(values.get("model_name_or_path") or values["config_name"],
+    shape = load_config_shape(values.get("model_name_or_path") or values.get("config_name"),
                               overrides=values.get("config_overrides"))
     model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
              f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
@@ -181,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--micro-batch", type=_positive_int)
     check.add_argument("--grad-accum", type=_positive_int)
     check.add_argument("--device", choices=["auto", "cpu", "cuda", "any"], default="auto",
-                       help="device the config will run on (auto: this machine; any: skip device checks)")
+                       help="device the config will run on (auto: cuda if this machine has one, else skip device checks)")
     check.set_defaults(func=_config_check)
 
     configs = verbs.add_parser("configs", help="write every generated config (ds_configs/, recipes/*/)")

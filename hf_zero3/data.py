@@ -154,9 +154,7 @@ def build_datasets(
     if eos is None:
         raise DataError("the tokenizer has no eos_token; set one (documents are joined with EOS).")
 
-    raw = _load_raw(data_args, training_args.seed)
     column = data_args.text_column
-    _check_text_column(raw, column)
 
     def tokenize(batch):
         """Token ids per document, EOS-terminated; empty documents vanish. Special tokens the tokenizer
@@ -177,7 +175,11 @@ def build_datasets(
         load_from_cache_file=not data_args.overwrite_cache,
     )
     tokenized, packed = {}, {}
-    with training_args.main_process_first(desc="tokenize and pack"):
+    # Rank 0 loads (downloads), tokenizes and packs first; the others then read its cache. A bad input fails on
+    # rank 0 first, which still reaches the barrier (main_process_first's finally), so nobody hangs.
+    with training_args.main_process_first(desc="load, tokenize and pack"):
+        raw = _load_raw(data_args, training_args.seed)
+        _check_text_column(raw, column)
         for name, ds in raw.items():  # per split: a validation file may have other columns than train
             tokenized[name] = ds.map(
                 tokenize, remove_columns=ds.column_names, desc=f"tokenize {name}", **common

@@ -25,23 +25,46 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+class LaunchError(ValueError):
+    """The processes were started in a way we cannot join into one job; the message names the fix."""
+
+
+MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+"""Set by mpirun/mpiexec (Open MPI, MPICH/Intel MPI, PMIx, MVAPICH), e.g. under `deepspeed --launcher openmpi`."""
+
+
 def is_world_process_zero() -> bool:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"
 
 
 def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
     if "WORLD_SIZE" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if any(name in os.environ for name in MPI_VARIABLES):
+            import deepspeed
+
+            # MPI launchers set no RANK/WORLD_SIZE: DeepSpeed reads them from MPI and exports them.
+            deepspeed.init_distributed(dist_backend="gloo" if on_cpu else None, auto_mpi_discovery=True)
+        elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
+            raise LaunchError("srun started several tasks but no launcher set RANK/WORLD_SIZE: start one task per "
+                               "node running the DeepSpeed launcher (scripts/slurm/train.sbatch) or torchrun")
+        else:
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not on_cpu:
         return
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        # torchrun sets LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE.
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+                          or os.environ.get("WORLD_SIZE", "1"))
         threads = max(1, (os.cpu_count() or 1) // max(1, local_ranks))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)

@@ -23,7 +23,7 @@ import transformers
 import yaml
 
 from hf_zero3.data import DataArguments, DataError
-from hf_zero3.distributed import cuda_available, is_world_process_zero, prepare_process_group
+from hf_zero3.distributed import LaunchError, cuda_available, is_world_process_zero, prepare_process_group
 
 
 class UsageError(ValueError):
@@ -73,8 +73,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
     which breaks `eval_strategy: no`. `null` means None for optional fields.
     """
     words = _type_words(annotation)
-    if isinstance(value, bool) and "bool" not in words:
-        return "yes" if value else "no"
+    if isinstance(value, bool) and "bool" not in words and any(w.endswith("Strategy") for w in words):
+        return "yes" if value else "no"  # eval_strategy: no
     if not isinstance(value, str):
         return value
     low = value.strip().lower()
@@ -84,6 +84,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         if low in _TRUE + _FALSE:
             return low in _TRUE
         raise ValueError(f"{name} takes true or false, not {value!r}")
+    if "bool" in words and low in ("true", "false"):  # str | bool fields (include_num_input_tokens_seen)
+        return low == "true"
     if "str" not in words:
         number = float if "float" in words else int if "int" in words else None
         if number is not None:
@@ -92,7 +94,10 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             except ValueError:
                 raise ValueError(f"{name} takes a number, not {value!r}") from None
     if words & {"dict", "list"} and low.startswith(("{", "[")):
-        return yaml.safe_load(value)
+        try:
+            return json.loads(value)  # JSON reads 1e-5 as a number; YAML 1.1 would keep it a string
+        except json.JSONDecodeError:
+            return yaml.safe_load(value)
     return value
 
 
@@ -104,7 +109,7 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
         arg = argv[i]
         if not arg.startswith("--"):
             raise UsageError(f"unexpected argument {arg!r}: overrides are --key value pairs")
-        key = arg[2:].replace("-", "_")
+        key = arg[2:]
         if "=" in key:
             key, text = key.split("=", 1)
             i += 1
@@ -114,7 +119,7 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
         else:
             text = "true"
             i += 1
-        overrides[key] = text
+        overrides[key.replace("-", "_")] = text  # --max-steps is --max_steps; values keep their dashes
     return overrides
 
 
@@ -187,12 +192,24 @@ def _check_output_dir(output_dir: str, resume: str | None, overwrite: bool) -> s
         for folder in half_written if is_world_process_zero() else []:
             print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
             remove_checkpoint(folder)
+        if dist.is_initialized():
+            dist.barrier()  # deletions done before any rank looks at the folder again
         if target is not None:
             return str(target)
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        found = "a run but no complete checkpoint" if resume == "auto" else "a run"
-        raise UsageError(f"output_dir {output_dir} already holds {found}: pass --resume_from_checkpoint auto to "
+        if resume == "auto":
+            raise UsageError(f"output_dir {output_dir} holds files but no complete checkpoint to resume: pass "
+                             "--overwrite_output_dir true to train over it, or choose another output_dir")
+        raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
                          "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
+    old_checkpoints = sorted(p.name for p in path.glob("checkpoint-*") if p.is_dir() and any(p.iterdir())) \
+        if path.is_dir() else []
+    if overwrite and old_checkpoints:
+        # Keep-last-N ranks checkpoints by step: an old checkpoint-1000 would outrank (and so delete) this run's
+        # checkpoint-200, and `resume auto` would later pick the old run. Nothing is deleted on the user's behalf.
+        raise UsageError(f"output_dir {output_dir} holds checkpoints of an earlier run ({', '.join(old_checkpoints[:3])}"
+                         f"{', ...' if len(old_checkpoints) > 3 else ''}): --overwrite_output_dir overwrites files but "
+                         "does not mix checkpoints of two runs. Move or delete them, or choose another output_dir")
     return None
 
 
@@ -345,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         run(argv)
-    except (UsageError, DataError) as e:
+    except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ def gpu_memory() -> dict[str, float]:
         "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(device) / GB,
     }
     try:
-        stats["pinned_host_gb"] = torch.cuda.host_memory_stats()["allocated_bytes.all.current"] / GB
+        stats["pinned_host_gb"] = torch.cuda.host_memory_stats()["allocated_bytes.current"] / GB
     except (AttributeError, KeyError, RuntimeError):
         pass
     stats.update(_nvml(device))
@@ -44,18 +44,15 @@ def gpu_memory() -> dict[str, float]:
 
 
 def _nvml(device: int) -> dict[str, float]:
+    """Device-level figures through torch's NVML helpers, which map CUDA_VISIBLE_DEVICES (indices, UUIDs,
+    MIG) and CUDA_DEVICE_ORDER to the right NVML device; absent without nvidia-ml-py."""
+    import torch
+
     try:
-        import pynvml
-    except ImportError:  # nvidia-ml-py is optional
-        return {}
-    try:
-        pynvml.nvmlInit()
-        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", str(device)).split(",")[device])
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return {"gpu_used_gb": pynvml.nvmlDeviceGetMemoryInfo(handle).used / GB,
-                "gpu_util_pct": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                "gpu_power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000}
-    except (pynvml.NVMLError, ValueError, IndexError):
+        return {"gpu_used_gb": torch.cuda.device_memory_used(device) / GB,
+                "gpu_util_pct": float(torch.cuda.utilization(device)),
+                "gpu_power_w": torch.cuda.power_draw(device) / 1000}
+    except (ImportError, ModuleNotFoundError, RuntimeError, AttributeError, ValueError):
         return {}
 
 

@@ -10,7 +10,7 @@ from hf_zero3.callbacks._gather import merge_into_logs
 
 PEAK_TFLOPS = {
     # Dense bf16/fp16 tensor-core peak per GPU (vendor datasheets, without sparsity), matched by name.
-    "H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "A800": 312.0,
+    "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "A800": 312.0,
     "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0,
     "T4": 65.0,
 }
@@ -54,12 +54,32 @@ class ThroughputCallback(TrainerCallback):
         if self.seq_len < 1:
             raise ValueError(f"ThroughputCallback needs seq_len >= 1 (got {self.seq_len}): pass the block size")
         if self.flops_per_token is None and model is not None:
-            from hf_zero3.models import flops_per_token, shape_from_config
+            from hf_zero3.models import ModelError, flops_per_token, shape_from_config
 
-            self.flops_per_token = flops_per_token(shape_from_config(model.config), self.seq_len)
+            try:
+                self.flops_per_token = flops_per_token(shape_from_config(model.config), self.seq_len)
+            except ModelError as e:  # not a Llama-family config: tokens/s still, no TFLOP/s or MFU
+                print(f"hf_zero3: no TFLOP/s or MFU for this model ({e}); pass flops_per_token= to get them",
+                      flush=True)
         if self.peak_tflops is None:
             self.peak_tflops = detect_peak_tflops()
         self._mark(args, state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._step_end = time.perf_counter()
+
+    def _exclude_since_step_end(self):
+        """Evaluation and checkpoint saves run after a step's log: keep their time out of the next window."""
+        if getattr(self, "_step_end", None) is not None:
+            now = time.perf_counter()
+            self._excluded += now - self._step_end
+            self._step_end = now  # evaluate then save: each excluded once
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._exclude_since_step_end()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._exclude_since_step_end()
 
     def _tokens(self, args, state) -> int:
         if args.include_num_input_tokens_seen not in ("no", False, None):
@@ -70,11 +90,12 @@ class ThroughputCallback(TrainerCallback):
     def _mark(self, args, state) -> None:
         self._last_time, self._last_step, self._last_tokens = time.perf_counter(), state.global_step, \
             self._tokens(args, state)
+        self._excluded = 0.0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs or self._last_time is None or state.global_step <= self._last_step:
             return
-        seconds = time.perf_counter() - self._last_time
+        seconds = time.perf_counter() - self._last_time - self._excluded
         steps = state.global_step - self._last_step
         tokens = self._tokens(args, state) - self._last_tokens
         tokens_per_s = tokens / seconds

@@ -171,3 +171,34 @@ def test_check_reports_malformed_and_missing_files(tmp_path, capsys):
     assert "is not valid JSON" in capsys.readouterr().out
     assert cli(["config", "check", str(tmp_path / "missing.json")]) == 1
     assert "not found" in capsys.readouterr().out
+
+
+def test_bfloat16_alias_is_flagged_and_converted():
+    config = good()
+    config["bfloat16"] = config.pop("bf16")
+    assert any("Rename it 'bf16'" in w for w in messages(config, level="warning"))
+    both = {**good(), "bfloat16": {"enabled": True}}
+    assert any("both 'bf16' and its old alias" in e for e in messages(both))
+    from hf_zero3.convert import spec_from_ds_config
+
+    spec, _ = spec_from_ds_config(config)
+    assert spec.precision == "bf16" and "bfloat16" not in build_ds_config(spec)
+
+
+def test_offload_without_optimizer_block_is_fine_when_the_user_forces_a_client_optimizer():
+    config = edit("zero_optimization.offload_optimizer", {"device": "cpu"})
+    config["zero_force_ds_cpu_optimizer"] = False
+    assert not any(e.startswith("optimizer:") for e in messages(config))
+
+
+def test_like_notes_every_value_it_does_not_carry(tmp_path, capsys):
+    from hf_zero3.convert import spec_from_ds_config
+
+    _, notes = spec_from_ds_config({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                                            "ratio": 0.5}}})
+    assert any("['ratio']" in n for n in notes) and any("'lr': 0.0003" in n and "--learning_rate" in n for n in notes)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"}}))
+    assert cli(["config", "new", "--like", str(bad)]) == 2
+    assert "cannot convert" in capsys.readouterr().err

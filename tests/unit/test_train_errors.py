@@ -130,3 +130,30 @@ def test_out_of_memory_gets_a_planner_line_and_other_errors_do_not(capsys, tmp_p
     err = capsys.readouterr().err
     assert "hf_zero3: out of GPU memory." in err
     assert "--gpus N and --gpu-mem SIZE" in err  # this CPU machine has no GPU to plan for: it says so
+
+
+def test_overwrite_refuses_to_mix_checkpoints_of_two_runs(capsys, tmp_path):
+    out = tmp_path / "earlier"
+    (out / "checkpoint-1000").mkdir(parents=True)
+    (out / "checkpoint-1000" / "model.safetensors").write_bytes(b"old weights")
+    err = train_fails(capsys, "--output_dir", out, "--overwrite_output_dir", "true")
+    assert "holds checkpoints of an earlier run (checkpoint-1000)" in err and "Move or delete them" in err
+    assert (out / "checkpoint-1000" / "model.safetensors").read_bytes() == b"old weights"
+
+
+def test_override_values_keep_their_dashes_and_dict_floats_are_numbers():
+    values = load_arguments([str(TINY_YAML), "--output_dir=outputs/my-run", "--max-steps", "5",
+                             "--lr_scheduler_kwargs", '{"min_lr": 1e-5}', "--include_num_input_tokens_seen", "false"])
+    assert values["output_dir"] == "outputs/my-run" and values["max_steps"] == 5
+    assert values["lr_scheduler_kwargs"] == {"min_lr": 1e-5}
+    assert values["include_num_input_tokens_seen"] is False
+
+
+def test_srun_tasks_without_a_launcher_are_refused_before_anything_runs(monkeypatch, capsys):
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert main([str(TINY_YAML), "--deepspeed", "null"]) == 2
+    assert "srun started several tasks but no launcher set RANK/WORLD_SIZE" in capsys.readouterr().err
+    assert "WORLD_SIZE" not in __import__("os").environ
