@@ -7,9 +7,14 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 NUM_GPUS ?= 2
 PYTEST_ARGS ?=
+# Overrides for train-<size>/plan-<size>, e.g. ARGS="--max_steps 10 --output_dir outputs/try"
+ARGS ?=
+# What `make sync` leaves behind: outputs, environments, caches, and .deepspeed_env (may hold HF_TOKEN; only the
+# launching node reads it). .git travels: the doctor compares `git ls-files` content hashes across nodes.
+SYNC_EXCLUDES := outputs/ .venv/ venv/ __pycache__/ .pytest_cache/ *.egg-info/ .cache/ build/ dist/ .deepspeed_env
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-integration configs check-configs clean
+.PHONY: help setup demo test test-unit test-integration configs check-configs clean sync
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -43,3 +48,23 @@ check-configs: setup ## fail if a committed ds_config differs from the generator
 
 clean: ## remove outputs/ and caches (not .venv)
 	rm -rf outputs .pytest_cache
+
+train-%: setup ## train recipes/<size>, e.g. NUM_NODES=2 NUM_GPUS=4 HOSTFILE=hosts MODEL=/models/llama-70b make train-70b
+	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }
+	source $(BIN)/activate && recipes/$*/launch.sh $(ARGS)
+
+plan-%: setup ## dry run of train-<size> (no GPU needed): command, arguments, batch math, memory plan; same env
+	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }
+	source $(BIN)/activate && DRY_RUN=1 recipes/$*/launch.sh $(ARGS)
+
+sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsync over SSH); the doctor then compares code
+	@test -n "$(HOSTFILE)" || { echo "error: make sync needs HOSTFILE=path (DeepSpeed's hostfile, lines: host slots=N)" >&2; exit 2; }
+	@test -f "$(HOSTFILE)" || { echo "error: HOSTFILE=$(HOSTFILE) does not exist" >&2; exit 2; }
+	@hosts=$$(sed -e 's/#.*//' "$(HOSTFILE)" | awk 'NF {print $$1}'); \
+	test -n "$$hosts" || { echo "error: $(HOSTFILE) lists no hosts" >&2; exit 2; }; \
+	for host in $$hosts; do \
+	  echo "sync $(CURDIR)/ -> $$host:$(CURDIR)/"; \
+	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e ssh ./ "$$host:$(CURDIR)/" || exit 1; \
+	done
+	source $(BIN)/activate && hf-zero3 doctor --hostfile "$(HOSTFILE)" --skip versions --skip native --skip gpus \
+	  --skip ops --skip nvme --skip allreduce

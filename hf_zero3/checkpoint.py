@@ -82,8 +82,11 @@ def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
         if tag_dir is None:
             return [f"rank {rank}: {p}" for p in tag_problems]
         for kind in ("model_states", "optim_states"):
-            shards = sorted(tag_dir.glob(f"*zero_pp_rank_{rank}_mp_rank_*_{kind}.pt"))
-            if not shards:
+            if kind == "model_states":
+                shards, required = model_states_files(tag_dir, rank)
+            else:
+                shards, required = sorted(tag_dir.glob(f"*zero_pp_rank_{rank}_mp_rank_*_{kind}.pt")), True
+            if not shards and required:
                 problems.append(f"rank {rank}: no {kind} shard in {tag_dir.name}")
             problems += [f"rank {rank}: {p}" for shard in shards if (p := _zip_problem(shard))]
     elif rank == 0 and (p := _zip_problem(checkpoint / "optimizer.pt")):
@@ -92,6 +95,21 @@ def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
     if p := _zip_problem(rng):
         problems.append(f"rank {rank}: RNG state {p}")
     return problems
+
+
+def model_states_files(tag_dir: Path, rank: int) -> tuple[list[Path], bool]:
+    """(this rank's model-states files, whether the rank must have one).
+
+    ZeRO-3 writes one `*zero_pp_rank_R_mp_rank_00_model_states.pt` per rank; ZeRO-0/1/2 write a single
+    `mp_rank_00_model_states.pt` from rank 0 and none from the other ranks.
+    """
+    zero3 = sorted(tag_dir.glob(f"*zero_pp_rank_{rank}_mp_rank_*_model_states.pt"))
+    if zero3:
+        return zero3, True
+    dense = sorted(tag_dir.glob("mp_rank_*_model_states.pt"))
+    if dense:
+        return (dense if rank == 0 else []), rank == 0
+    return [], True
 
 
 def _weight_files(checkpoint: Path) -> list[Path]:
@@ -110,7 +128,9 @@ def param_shapes(checkpoint: str | os.PathLike) -> tuple[dict[str, tuple[int, ..
     tag_dir, problems = deepspeed_tag_dir(Path(checkpoint))
     if tag_dir is None:
         raise CheckpointError(f"{checkpoint}: {problems[0]}")
-    model_states = sorted(tag_dir.glob("*zero_pp_rank_0_mp_rank_*_model_states.pt"))
+    model_states, _ = model_states_files(tag_dir, 0)
+    if not model_states:
+        raise CheckpointError(f"{checkpoint}: no model_states file of rank 0 in {tag_dir.name}")
     state = torch.load(model_states[0], map_location="cpu", weights_only=True)
     shapes = {name: tuple(shape) for group in state["param_shapes"] for name, shape in group.items()}
     shapes.update({name: tuple(shape) for name, shape in (state.get("frozen_param_shapes") or {}).items()})
@@ -164,7 +184,7 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> list[str]:
     tag_dir, problems = deepspeed_tag_dir(checkpoint)
     if tag_dir is None:
         return problems
-    shards = sorted(tag_dir.glob("*zero_pp_rank_0_mp_rank_*_model_states.pt"))
+    shards, _ = model_states_files(tag_dir, 0)
     if not shards or _zip_problem(shards[0]):
         return [f"rank 0: no readable model_states shard in {tag_dir.name}"]
     try:

@@ -50,6 +50,14 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread (benchmarks/README.md).
     "8b": ZeroSpec(precision="bf16", reduce_bucket_size=500_000_000, prefetch_bucket_size=500_000_000,
                    param_persistence_threshold=1_000_000, max_live_parameters=3_000_000_000),
+    # 7b/13b/70b: the planner's cheapest fitting option for the recipe's target at its batch (`make plan-<size>`;
+    # tests/unit/test_recipes.py re-asks the planner). Llama-2-7B on 8x A100-80GB: bf16 params + grads fit on
+    # every GPU, so ZeRO-2 (no per-layer all-gathers) beats ZeRO-3.
+    "7b": ZeroSpec(stage=2, precision="bf16"),
+    # Llama-2-13B on 8x A100-80GB: ZeRO-2 fits only with activation checkpointing (gradient_checkpointing in the YAML).
+    "13b": ZeroSpec(stage=2, precision="bf16", activation_checkpointing=True),
+    # Llama-2-70B on 8x A100-40GB (the seed's case): ZeRO-3 + optimizer states in host RAM + checkpointing.
+    "70b": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu"), activation_checkpointing=True),
 }
 
 

@@ -113,7 +113,8 @@ class Launch:
         while time.time() < deadline:
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 try:
-                    if f"--local_rank={rank}" in child.cmdline() and "hf_zero3.train" in child.cmdline():
+                    cmdline = child.cmdline()
+                    if f"--local_rank={rank}" in cmdline and ("hf_zero3.train" in cmdline or "train.py" in cmdline):
                         return child.pid
                 except psutil.NoSuchProcess:
                     pass

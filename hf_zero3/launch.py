@@ -1,0 +1,446 @@
+"""`python -m hf_zero3.launch [--target NxG[xMEM]] RECIPE_DIR [--key value ...]`: one recipe, DeepSpeed's launcher.
+
+Every `recipes/<name>/launch.sh` execs this. The launch settings come from the environment (`--help` lists
+them). They are checked together before anything starts, each problem naming its fix, because DeepSpeed's
+launcher quietly trims what does not match (NUM_GPUS above a host's slots, NUM_NODES above the hostfile)
+or fails late on a remote node. Multi-node runs get a `.deepspeed_env`: DeepSpeed's pdsh/MPI/slurm runners
+forward only PYTHON*, MLFLOW*, MV2*, UCX* (and NCCL* on CUDA) to the other nodes, so HF_*, TRANSFORMERS_*
+and TORCH_* settings would silently not apply there.
+
+The command is the seed's `deepspeed --num_nodes=2 --num_gpus=4 train.py --deepspeed ds_config.json`, with the
+recipe's YAML in front of the overrides; it is printed, then exec'd. DRY_RUN=1 prints it with the resolved
+arguments, the batch math and the memory plan instead (`make plan-<size>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HOSTFILE = "outputs/hostfile"
+MULTI_NODE_PORT = 29500
+"""MASTER_PORT default for several nodes: every node must agree, and a free-port probe here says nothing
+about node 0. One node takes a free port (`free_port`), so parallel runs never collide."""
+LAUNCHER_TOOLS = {"pdsh": "pdsh", "openmpi": "ompi_info", "slurm": "sinfo"}
+"""DeepSpeed's multi-node backends we support, and the program DeepSpeed looks for to use each."""
+FORWARDED_PREFIXES = ("HF_", "TRANSFORMERS_", "NCCL_", "TORCH_", "PYTORCH_")
+FORWARDED_NAMES = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_DEVICE_MAX_CONNECTIONS", "TOKENIZERS_PARALLELISM")
+"""What `.deepspeed_env` carries to every node (HF_ covers HF_HUB_* and HF_ZERO3_*)."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+ENV_HELP = """environment:
+  NUM_NODES      nodes (default: the hosts in HOSTFILE/HOSTS, else the recipe's target)
+  NUM_GPUS       ranks per node: GPUs, or CPU processes without GPUs (default: the recipe's target)
+  HOSTFILE       DeepSpeed hostfile, lines `host slots=N`; needed for NUM_NODES > 1
+  HOSTS          host1,host2,...: write HOSTFILE (default outputs/hostfile) with NUM_GPUS slots per host
+  INCLUDE        DeepSpeed's --include (host[:slot,...][@host...]); replaces NUM_NODES/NUM_GPUS
+  EXCLUDE        DeepSpeed's --exclude, same syntax
+  LAUNCHER       multi-node backend: pdsh (default), openmpi, slurm
+  NO_SSH=1       start this node's ranks only (DeepSpeed --no_ssh); run once per node with NODE_RANK
+  NODE_RANK      this node's index in the hostfile (with NO_SSH=1)
+  MASTER_ADDR    address of node 0 (needed with NO_SSH=1)
+  MASTER_PORT    default: a free port on one node, 29500 on several
+  MODEL          local folder or hub id of pretrained weights (--model_name_or_path)
+  FROM_CONFIG=1  random weights from MODEL's (or the recipe's) config, for benchmarks (--config_name)
+  DRY_RUN=1      print the command, resolved arguments, batch math and memory plan; start nothing
+  GPU_MEM        GPU memory for the DRY_RUN plan, e.g. 40GB (default: the recipe's target)
+  HOST_RAM       host RAM per node for the DRY_RUN plan, e.g. 1TB (default: not checked)
+  DEEPSPEED      the launcher program (default: deepspeed)"""
+
+
+class LaunchError(ValueError):
+    """Launch settings that cannot work; one line per problem, each naming its fix."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A recipe's target hardware: the defaults for NUM_NODES, NUM_GPUS and GPU_MEM."""
+
+    nodes: int = 1
+    gpus: int = 2
+    gpu_mem: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        match = re.fullmatch(r"(\d+)x(\d+)(?:x(\d+(?:\.\d+)?[kKmMgGtT]i?[bB]?))?", text)
+        if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+            raise argparse.ArgumentTypeError(f"bad target {text!r}: NODESxGPUS[xGPU_MEM], e.g. 1x8x40GB")
+        return cls(int(match.group(1)), int(match.group(2)), match.group(3))
+
+
+@dataclass
+class Launch:
+    """What `resolve` decided: the command, and the files to write before it runs."""
+
+    command: list[str]
+    train_argv: list[str]
+    """What train.py receives: the recipe YAML, --deepspeed, the model and the user's overrides."""
+    nodes: int
+    gpus: int
+    world_size: int
+    dry_run: bool = False
+    hostfile: str | None = None
+    new_hostfile: dict[str, int] | None = None
+    """Hosts and slots to write into `hostfile` first (from HOSTS)."""
+    remote_nodes: bool = False
+    """DeepSpeed starts the other nodes from here (pdsh/MPI/slurm), so they need `.deepspeed_env`."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _flag(env: Mapping[str, str], name: str, problems: list[str]) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text not in _TRUE + _FALSE:
+        problems.append(f"{name}={env[name]} is not a switch: set {name}=1 or unset it")
+    return text in _TRUE
+
+
+def _number(env: Mapping[str, str], name: str, default: int, problems: list[str], low: int = 1,
+            high: int | None = None) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+        limits = f"{low}..{high}" if high is not None else f">= {low}"
+        problems.append(f"{name}={text} is not a whole number {limits}: fix or unset it")
+        return default
+    return int(text)
+
+
+def _shown(path: Path) -> str:
+    """A path as the command shows it: relative to the working directory when inside it."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def recipe_model(recipe: Path) -> str | None:
+    """The model the recipe's YAML names (pretrained weights first, else its config)."""
+    import yaml
+
+    path = recipe / "train_args.yaml"
+    values = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return values.get("model_name_or_path") or values.get("config_name")
+
+
+def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str | None, dict | None, bool]:
+    """(hostfile path, its hosts and slots, whether we write it) from HOSTS or HOSTFILE."""
+    from hf_zero3.doctor import HostfileError, parse_hostfile
+
+    hostfile = env.get("HOSTFILE", "").strip() or None
+    if env.get("HOSTS", "").strip():
+        names = [h.strip() for h in env["HOSTS"].split(",") if h.strip()]
+        if len(set(names)) < len(names):
+            problems.append(f"HOSTS={env['HOSTS']} names a host twice: list each host once")
+        return hostfile or DEFAULT_HOSTFILE, dict.fromkeys(names, gpus), True
+    if hostfile is None:
+        return None, None, False
+    if not Path(hostfile).is_file():
+        problems.append(f"HOSTFILE={hostfile} does not exist: write it (lines `host slots=N`), "
+                        "or set HOSTS=host1,host2 to have it written")
+        return hostfile, None, False
+    try:
+        return hostfile, parse_hostfile(Path(hostfile).read_text(), hostfile), False
+    except HostfileError as e:
+        problems.append(f"HOSTFILE: {e}")
+        return hostfile, None, False
+
+
+def _resources(env: Mapping[str, str], nodes: int, gpus: int, hostfile: str | None, pool: dict | None,
+               launcher: str, problems: list[str]) -> tuple[int, int]:
+    """(hosts used, world size), after checking hosts, slots, INCLUDE/EXCLUDE and the backend against each other."""
+    include, exclude = env.get("INCLUDE", "").strip(), env.get("EXCLUDE", "").strip()
+    hosts_used, world = nodes, nodes * gpus
+    if include and exclude:
+        problems.append("INCLUDE and EXCLUDE are both set: DeepSpeed takes one of them; keep one")
+    elif include or exclude:
+        explicit = sorted(n for n in ("NUM_NODES", "NUM_GPUS") if env.get(n, "").strip())
+        if explicit:
+            problems.append("INCLUDE/EXCLUDE pick hosts and slots themselves and DeepSpeed refuses them with "
+                            f"--num_nodes/--num_gpus: unset {' and '.join(explicit)}")
+        from deepspeed.launcher.runner import (
+            parse_inclusion_exclusion,  # DeepSpeed's own reading of the filter
+        )
+
+        available = pool or {"localhost": gpus}
+        try:
+            active = parse_inclusion_exclusion(available, include, exclude)
+            hosts_used, world = len(active), sum(len(slots) for slots in active.values())
+        except (ValueError, KeyError) as e:
+            problems.append(f"{'INCLUDE' if include else 'EXCLUDE'}: {e}: fix it against {available}")
+    elif pool:
+        if nodes > len(pool):
+            problems.append(f"NUM_NODES={nodes} but {hostfile} lists {len(pool)} host(s): set NUM_NODES="
+                            f"{len(pool)} or add hosts to the hostfile")
+        short = {h: s for h, s in list(pool.items())[:nodes] if s < gpus}
+        if short:
+            problems.append(f"NUM_GPUS={gpus} but {hostfile} gives " + ", ".join(
+                f"{h} {s} slot(s)" for h, s in short.items()) + f": set NUM_GPUS={min(short.values())} or fix the slots")
+    if nodes > 1 and hostfile is None:
+        problems.append(f"NUM_NODES={nodes} needs the hosts: set HOSTFILE=path (lines `host slots=N`) or "
+                        "HOSTS=host1,host2 (a hostfile with NUM_GPUS slots per host is written)")
+    if launcher and launcher not in LAUNCHER_TOOLS:
+        problems.append(f"LAUNCHER={launcher} is not supported: use {', '.join(LAUNCHER_TOOLS)}, "
+                        "or NO_SSH=1 on every node")
+    if launcher == "openmpi":  # DeepSpeed's OpenMPI runner starts every slot of the hostfile, nothing less
+        if include or exclude or pool is None:
+            problems.append("LAUNCHER=openmpi runs every slot of a hostfile and takes no INCLUDE/EXCLUDE: set "
+                            "HOSTFILE (or HOSTS) to exactly the hosts and slots to use")
+        elif nodes != len(pool) or set(pool.values()) != {gpus}:
+            problems.append(f"LAUNCHER=openmpi runs every slot of {hostfile} ({pool}), not NUM_NODES={nodes} x "
+                            f"NUM_GPUS={gpus}: make the hostfile match (HOSTS=... writes one) or unset them")
+        else:
+            hosts_used, world = len(pool), sum(pool.values())
+    return hosts_used, world
+
+
+def _node_rank(env: Mapping[str, str], no_ssh: bool, launcher: str, hosts_used: int, problems: list[str]) -> int:
+    """This node's rank for a NO_SSH launch (0 otherwise), checked with what such a launch needs."""
+    node_rank = _number(env, "NODE_RANK", 0, problems, low=0)
+    given = bool(env.get("NODE_RANK", "").strip())
+    if not no_ssh:
+        if given:
+            problems.append("NODE_RANK is only used with NO_SSH=1: set NO_SSH=1 (one launch per node) or unset it")
+        return node_rank
+    if not given:
+        problems.append(f"NO_SSH=1 needs NODE_RANK: this node's index (0..{hosts_used - 1}) in the hostfile")
+    elif node_rank >= hosts_used:
+        problems.append(f"NODE_RANK={node_rank} but there are {hosts_used} node(s): use 0..{hosts_used - 1}")
+    if not env.get("MASTER_ADDR", "").strip():
+        problems.append("NO_SSH=1 needs MASTER_ADDR: the address of the node with NODE_RANK=0, the same on every node")
+    if launcher:
+        problems.append(f"LAUNCHER={launcher} is unused with NO_SSH=1 (each node starts its own ranks): unset it")
+    return node_rank
+
+
+def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problems: list[str]) -> list[str]:
+    """MODEL: pretrained weights; FROM_CONFIG=1: random weights from that model's (or the recipe's) config."""
+    source = env.get("MODEL", "").strip()
+    if not from_config:
+        return ["--model_name_or_path", source] if source else []
+    source = source or recipe_model(recipe) or ""
+    if not source:
+        problems.append("FROM_CONFIG=1 needs a model config: set MODEL=folder-or-hub-id")
+    return ["--model_name_or_path", "null", "--config_name", source]
+
+
+def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: Target = Target()) -> Launch:
+    """Check the launch settings in `env` together and build the deepspeed command (raises LaunchError)."""
+    from hf_zero3.distributed import free_port
+
+    problems: list[str] = []
+    for name in ("train_args.yaml", "ds_config.json"):
+        if not (recipe / name).is_file():
+            found = ", ".join(sorted(p.parent.name for p in (ROOT / "recipes").glob("*/train_args.yaml")))
+            problems.append(f"{recipe} has no {name}: pass a recipe folder (recipes/<name>: {found})")
+    gpus = _number(env, "NUM_GPUS", target.gpus, problems)
+    hostfile, pool, write = _hosts(env, gpus, problems)
+    nodes = _number(env, "NUM_NODES", len(pool) if pool else target.nodes, problems)
+    launcher = env.get("LAUNCHER", "").strip().lower()
+    no_ssh, dry_run, from_config = (_flag(env, n, problems) for n in ("NO_SSH", "DRY_RUN", "FROM_CONFIG"))
+    hosts_used, world = _resources(env, nodes, gpus, hostfile, pool, launcher, problems)
+    node_rank = _node_rank(env, no_ssh, launcher, hosts_used, problems)
+    port = _number(env, "MASTER_PORT", 0, problems, high=65535)
+    remote = hosts_used > 1 and not no_ssh
+    tool = LAUNCHER_TOOLS.get(launcher or "pdsh")
+    if remote and pool and tool and not dry_run and not shutil.which(tool, path=env.get("PATH")):
+        problems.append(f"LAUNCHER={launcher or 'pdsh'} needs `{tool}` on this node: install it, or start every node "
+                        "yourself with NO_SSH=1 NODE_RANK=i MASTER_ADDR=node0 (scripts/slurm/train.sbatch)")
+    model_args = _model_args(env, recipe, from_config, problems)
+    if problems:
+        raise LaunchError("\n".join(problems))
+
+    include, exclude = env.get("INCLUDE", "").strip(), env.get("EXCLUDE", "").strip()
+    master_addr = env.get("MASTER_ADDR", "").strip()
+    port = port or (MULTI_NODE_PORT if hosts_used > 1 or no_ssh else free_port())
+    command = [env.get("DEEPSPEED", "").strip() or "deepspeed"]
+    command += [f"--hostfile={hostfile}"] if pool else []
+    command += [f"--include={include}"] if include else [f"--exclude={exclude}"] if exclude else []
+    if not (include or exclude or launcher == "openmpi"):
+        command += [f"--num_nodes={nodes}", f"--num_gpus={gpus}"]
+    command += [f"--launcher={launcher}"] if launcher else []
+    command += ["--no_ssh", f"--node_rank={node_rank}"] if no_ssh else []
+    command += [f"--master_addr={master_addr}"] if master_addr else []
+    train_argv = [_shown(recipe / "train_args.yaml"), "--deepspeed", _shown(recipe / "ds_config.json"),
+                  *model_args, *overrides]
+    command += [f"--master_port={port}", _shown(ROOT / "train.py"), *train_argv]
+    return Launch(command, train_argv, hosts_used, gpus, world, dry_run, hostfile if pool else None,
+                  pool if write else None, remote)
+
+
+# --- files written before the launch ----------------------------------------------------------------
+
+def write_hostfile(path: Path, hosts: dict[str, int]) -> None:
+    """DeepSpeed's `host slots=N` lines, replaced atomically: with NO_SSH every node may write the same file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+    tmp.write_text("".join(f"{host} slots={slots}\n" for host, slots in hosts.items()))
+    os.replace(tmp, path)
+
+
+def _forwarded_name(name: str) -> bool:
+    return name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES
+
+
+def forwarded_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(variables `.deepspeed_env` carries, names it cannot carry: a newline or `"` breaks DeepSpeed's export)."""
+    chosen = {k: v for k, v in sorted(env.items()) if _forwarded_name(k)}
+    skipped = [k for k, v in chosen.items() if "\n" in v or '"' in v]
+    return {k: v for k, v in chosen.items() if k not in skipped}, skipped
+
+
+def write_deepspeed_env(path: Path, variables: dict[str, str]) -> None:
+    """`KEY=VALUE` lines, as DeepSpeed's runner reads them (no comments: it splits every line on `=`).
+
+    The forwarded prefixes mirror this environment; other lines a user put there are kept. Mode 0600:
+    HF_TOKEN may be among the values.
+    """
+    kept = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and not _forwarded_name(key.strip()):
+                kept[key.strip()] = value
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in {**kept, **variables}.items()))
+
+
+# --- DRY_RUN -------------------------------------------------------------------------------------------
+
+def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target) -> int:
+    """Resolved arguments, batch math, ds_config check and memory plan for this world size; 0 when it all fits."""
+    import dataclasses
+
+    from hf_zero3.check import check_ds_config, has_errors, load_config
+    from hf_zero3.data import DataArguments
+    from hf_zero3.train import TrainingArguments, UsageError, load_arguments
+
+    try:
+        values = load_arguments(launch.train_argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}
+    get = lambda key: values.get(key, defaults.get(key))
+    micro, accum, seq = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("block_size")
+    global_batch = micro * accum * launch.world_size
+    print("arguments (train_args.yaml + overrides, strict-checked):")
+    for key, value in sorted(values.items()):
+        print(f"  {key}: {value}")
+    print(f"batch     micro {micro} x accumulation {accum} x {launch.world_size} ranks ({launch.nodes} node(s) x "
+          f"{launch.gpus}) = global batch {global_batch}" + (f" x {seq} tokens = {global_batch * seq:,} tokens "
+                                                             "per optimizer step" if seq else ""))
+    config = load_config(values["deepspeed"])
+    findings = check_ds_config(config, world_size=launch.world_size, micro_batch=micro, grad_accum=accum)
+    for finding in findings:
+        print(f"ds_config {finding}")
+    print(f"ds_config {values['deepspeed']}: {len(findings)} finding(s) for world size {launch.world_size}")
+    rc = 1 if has_errors(findings) else 0
+    return max(rc, _plan(values, get, config, launch, recipe, env, target))
+
+
+def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target) -> int:
+    """`hf-zero3 plan` for this world size, then the recipe's own config measured against the same hardware."""
+    from hf_zero3 import plan_cli
+    from hf_zero3.convert import spec_from_ds_config
+    from hf_zero3.distributed import cuda_available
+    from hf_zero3.models import NAMED_SHAPES, ModelError, load_shape
+    from hf_zero3.planner import PlanError, Training, choose, detect_hardware, gb, plan
+    from hf_zero3.spec import ZeroSpec
+
+    gpu_mem = env.get("GPU_MEM", "").strip() or target.gpu_mem
+    if not gpu_mem and not cuda_available():
+        print("plan      skipped: no GPU here and no target GPU memory; set GPU_MEM=80GB to plan for such GPUs")
+        return 0
+    model = env.get("MODEL", "").strip() or (recipe.name if recipe.name in NAMED_SHAPES else None) or (
+        values.get("model_name_or_path") or values.get("config_name"))
+    precision = "bf16" if get("bf16") else "fp16" if get("fp16") else "fp32"
+    attention = values.get("attn_implementation") or "sdpa"
+    attention = attention if attention in ("sdpa", "flash_attention_2", "eager") else "sdpa"
+    micro, accum, seq = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("block_size")
+    argv = ["--model", str(model), "--nodes", str(launch.nodes), "--gpus", str(launch.gpus), "--seq-len", str(seq),
+            "--micro-batch", str(micro), "--global-batch", str(micro * accum * launch.world_size),
+            "--precision", precision, "--attention", attention]
+    argv += ["--gpu-mem", gpu_mem] if gpu_mem else []
+    argv += ["--host-ram", env["HOST_RAM"]] if env.get("HOST_RAM", "").strip() else []
+    print(f"plan      hf-zero3 plan {shlex.join(argv)}\n")
+    parser = argparse.ArgumentParser(prog="hf-zero3 plan")
+    plan_cli.add_arguments(parser)
+    args = parser.parse_args(argv)
+    rc = plan_cli.main(args)
+    try:
+        shape = load_shape(str(model))
+        hardware = detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=args.gpu_mem,
+                                   host_ram=args.host_ram)
+    except (ModelError, PlanError) as e:
+        print(f"recipe    not planned: {e}")
+        return max(rc, 1)
+    fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
+    spec = ZeroSpec(**{**fields, "precision": precision, "activation_checkpointing": bool(get("gradient_checkpointing"))})
+    ours = plan(shape, hardware, Training(seq, micro, accum, attention), spec)
+    best = choose(shape, hardware, seq, global_batch=micro * accum * launch.world_size, micro_batch=micro,
+                  precision=precision, attention=attention).plan
+    verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
+    same = best is not None and best.label == ours.label
+    print(f"\nrecipe    {recipe.name}: {ours.label}, micro batch {micro}: {gb(ours.gpu_bytes)} per GPU, "
+          f"{gb(ours.host_bytes)} host RAM per node: {verdict}"
+          + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
+    return max(rc, 0 if ours.fits else 1)
+
+
+# --- entry point ---------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_zero3.launch", epilog=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a recipe with DeepSpeed's launcher (what recipes/<name>/launch.sh does).")
+    parser.add_argument("--target", type=Target.parse, default=Target(),
+                        help="the recipe's target hardware NODESxGPUS[xGPU_MEM]: defaults for NUM_NODES, "
+                             "NUM_GPUS, GPU_MEM (default 1x2)")
+    parser.add_argument("recipe", type=Path, help="recipe folder (train_args.yaml, ds_config.json)")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="train.py overrides: --key value ...")
+    return parser
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    args = _parser().parse_args(argv)
+    try:
+        launch = resolve(args.recipe, args.overrides, env, args.target)
+    except LaunchError as e:
+        print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr)
+        return 2
+    verb = "would write" if launch.dry_run else "wrote"
+    if launch.new_hostfile:
+        if not launch.dry_run:
+            write_hostfile(Path(launch.hostfile), launch.new_hostfile)
+        print(f"hf_zero3.launch: {verb} {launch.hostfile}: " + ", ".join(
+            f"{h} slots={s}" for h, s in launch.new_hostfile.items()))
+    if launch.remote_nodes:
+        variables, skipped = forwarded_env(env)
+        path = Path(env.get("DS_ENV_FILE") or ".deepspeed_env")
+        if not launch.dry_run:
+            write_deepspeed_env(path, variables)
+        print(f"hf_zero3.launch: {verb} {path} for the other nodes: {', '.join(variables) or 'nothing to forward'}"
+              + (f" (not forwardable, a newline or \" in the value: {', '.join(skipped)})" if skipped else ""))
+    print("hf_zero3.launch: " + shlex.join(launch.command), flush=True)
+    if launch.dry_run:
+        return dry_run(launch, args.recipe, env, args.target)
+    os.execvpe(launch.command[0], launch.command, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Every recipe, shrunk, trains for real: its own launch.sh, ds_config.json (offload included) and train_args.yaml,
+3 steps on 2 CPU ranks, a checkpoint that reloads. And `make plan-<size>` / `make train-<size>` from a laptop."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_zero3.models import load_shape, with_changes
+from hf_zero3.presets import RECIPE_CONFIGS
+from tests.conftest import ROOT, explain, losses, run
+
+pytestmark = pytest.mark.integration
+
+RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir())
+SMALL = {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "head_dim": 16, "vocab": 1024}
+"""The shrunk size; kv heads keep the recipe's kind of attention (grouped-query or not)."""
+VENV = Path(sys.executable).parent.parent
+
+
+def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
+    """A config.json of the recipe's full shape (written here: hub ids cannot be downloaded), the
+    --config_overrides that shrink it, and the shrunk parameter count."""
+    from transformers import LlamaConfig
+
+    shape = load_shape(name)
+    LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim, max_position_embeddings=shape.max_positions,
+                tie_word_embeddings=shape.tied_embeddings).save_pretrained(folder)
+    kv = 1 if shape.kv_heads < shape.heads else SMALL["heads"]
+    small = with_changes(shape, **{k: v for k, v in SMALL.items() if k != "head_dim"}, kv_heads=kv)
+    overrides = (f"num_hidden_layers={SMALL['layers']},hidden_size={SMALL['hidden']},intermediate_size={SMALL['ffn']},"
+                 f"num_attention_heads={SMALL['heads']},num_key_value_heads={kv},head_dim={SMALL['head_dim']},"
+                 f"vocab_size={SMALL['vocab']}")
+    return folder, overrides, small.params
+
+
+@pytest.fixture(scope="module")
+def recipe_runs(tmp_path_factory):
+    """Each recipe's run, started on first use (so `-k 70b` runs one), shared by the tests below."""
+    done: dict = {}
+
+    def get(name: str):
+        if name not in done:
+            tmp = tmp_path_factory.mktemp(name)
+            config, overrides, params = shrunk_config(name, tmp / "config")
+            out = tmp / "run"
+            proc = run([ROOT / "recipes" / name / "launch.sh", "--model_name_or_path", "null", "--config_name", config,
+                        "--config_overrides", overrides, "--tokenizer_name", "assets/tiny/model",
+                        "--train_file", "assets/tiny/corpus/train.txt", "--validation_file", "null",
+                        "--block_size", "64", "--max_steps", "3", "--logging_steps", "1", "--save_steps", "3",
+                        "--learning_rate", "1.0e-3", "--warmup_steps", "0", "--output_dir", out],
+                       NUM_NODES="1", NUM_GPUS="2", OMP_NUM_THREADS="1")
+            done[name] = proc, out, params
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_trains_three_steps_on_two_ranks_with_its_own_config(recipe_runs, name):
+    proc, out, _ = recipe_runs(name)
+    assert proc.returncode == 0, explain(proc)
+    spec = RECIPE_CONFIGS[name]
+    assert ("hf_zero3.launch: deepspeed --num_nodes=1 --num_gpus=2 --master_port=" in proc.stdout
+            and f"train.py recipes/{name}/train_args.yaml --deepspeed recipes/{name}/ds_config.json" in proc.stdout)
+    assert f"hf_zero3: ZeRO stage {spec.stage} | world size 2 |" in proc.stdout
+    resolved = json.loads((out / "run_config.json").read_text())
+    recipe_config = json.loads((ROOT / "recipes" / name / "ds_config.json").read_text())
+    ran = resolved["ds_config"]["zero_optimization"]
+    assert {k: ran[k] for k in ("stage", "offload_optimizer", "offload_param") if k in ran} == {
+        k: v for k, v in recipe_config["zero_optimization"].items() if k in ("stage", "offload_optimizer", "offload_param")}
+    assert resolved["training"]["bf16"] == (spec.precision == "bf16")
+    assert resolved["training"]["gradient_checkpointing"] == spec.activation_checkpointing
+    curve = losses(out)
+    assert len(curve) == 3 and all(math.isfinite(x) for x in curve)
+    assert curve[-1] < curve[0], curve
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
+    from transformers import AutoModelForCausalLM
+
+    proc, out, params = recipe_runs(name)
+    assert proc.returncode == 0, explain(proc)
+    checkpoint = out / "checkpoint-3"
+    assert (checkpoint / "hf_zero3_complete.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in model.parameters()) == params
+    batch = torch.arange(64).reshape(2, 32)
+    with torch.no_grad():
+        assert math.isfinite(model(input_ids=batch, labels=batch).loss.item())
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if RECIPE_CONFIGS[n].offload_optimizer.device == "cpu"])
+def test_offloaded_recipes_step_with_deepspeeds_cpu_adam(recipe_runs, name):
+    """The optimizer state in the checkpoint is DeepSpeed's own Adam over host-RAM partitions, not torch's AdamW."""
+    proc, out, _ = recipe_runs(name)
+    assert proc.returncode == 0, explain(proc)
+    states = sorted((out / "checkpoint-3" / "global_step3").glob("*optim_states.pt"))
+    assert len(states) == 2  # one partition per rank
+    saved = torch.load(states[0], weights_only=False, map_location="cpu")
+    assert saved["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    groups = saved["optimizer_state_dict"]["optimizer_state_dict"]["param_groups"]
+    assert "bias_correction" in groups[0] and "foreach" not in groups[0]  # DeepSpeedCPUAdam's keys, not torch's
+
+
+def make(target: str, **env: str):
+    """`make <target>` with this interpreter's venv, setup taken as done (`-o`: nothing is installed)."""
+    return run(["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", f"VENV={VENV}", target], **env)
+
+
+def test_make_plan_70b_on_a_machine_without_gpus():
+    proc = make("plan-70b")
+    assert proc.returncode == 0, explain(proc)
+    out = proc.stdout
+    assert ("hf_zero3.launch: deepspeed --num_nodes=1 --num_gpus=8 --master_port=" in out
+            and "train.py recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json" in out)
+    assert ("batch     micro 1 x accumulation 8 x 8 ranks (1 node(s) x 8) = global batch 64 x 4096 tokens = "
+            "262,144 tokens per optimizer step") in out
+    assert "  gradient_checkpointing: True" in out  # the resolved TrainingArguments
+    assert "ds_config recipes/70b/ds_config.json: 0 finding(s) for world size 8" in out
+    assert "hardware  1 node(s) x 8 GPUs x 40.0 GB" in out
+    assert ("recipe    70b: ZeRO-3 + offload optimizer (cpu) + checkpointing, micro batch 1: 33.2 GB per GPU, "
+            "1,396.8 GB host RAM per node: fits (the planner's choice)") in out
+
+
+def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
+    proc = make("plan-70b", NUM_NODES="2", NUM_GPUS="4", HOSTS="node1,node2", HOSTFILE=str(tmp_path / "hosts"))
+    assert proc.returncode == 0, explain(proc)
+    assert f"would write {tmp_path / 'hosts'}: node1 slots=4, node2 slots=4" in proc.stdout
+    assert not (tmp_path / "hosts").exists()  # a dry run writes nothing
+    assert (f"deepspeed --hostfile={tmp_path / 'hosts'} --num_nodes=2 --num_gpus=4 --master_port=29500 train.py "
+            "recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json") in proc.stdout
+    assert "33.2 GB per GPU, 698.4 GB host RAM per node: fits" in proc.stdout
+
+
+def test_make_plan_fails_when_the_recipe_does_not_fit_the_gpus_asked_for():
+    proc = make("plan-70b", NUM_GPUS="2")  # 2 x 40 GB for 70B
+    assert proc.returncode != 0
+    assert "recipe    70b: ZeRO-3 + offload optimizer (cpu) + checkpointing" in proc.stdout
+    assert "does NOT fit: GPU needs" in proc.stdout
+
+
+@pytest.mark.parametrize("target", ["plan-70b", "train-70b"])
+def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=4\nnode2 slots=4\n")
+    proc = make(target, NUM_NODES="3", NUM_GPUS="4", HOSTFILE=str(hosts))
+    assert proc.returncode != 0
+    assert f"error: NUM_NODES=3 but {hosts} lists 2 host(s): set NUM_NODES=2" in proc.stderr
+    assert "hf_zero3.launch: deepspeed" not in proc.stdout  # nothing was started
+    missing = make(target, NUM_NODES="2")
+    assert missing.returncode != 0 and "error: NUM_NODES=2 needs the hosts: set HOSTFILE=path" in missing.stderr
+
+
+def test_make_names_the_recipes_when_one_is_missing():
+    proc = make("train-99b")
+    assert proc.returncode != 0
+    assert "error: no recipe recipes/99b/ (recipes: 13b 70b 7b 8b tiny)" in proc.stderr

@@ -1,0 +1,194 @@
+"""hf_zero3.launch: the deepspeed command for each setting, errors that name the fix, the files written first."""
+
+from __future__ import annotations
+
+import shlex
+import stat
+
+import pytest
+
+from hf_zero3.launch import (
+    MULTI_NODE_PORT,
+    LaunchError,
+    Target,
+    forwarded_env,
+    main,
+    resolve,
+    write_deepspeed_env,
+    write_hostfile,
+)
+from tests.conftest import ROOT
+
+R70 = ROOT / "recipes" / "70b"
+TARGET_70B = Target(1, 8, "40GB")
+
+
+@pytest.fixture(autouse=True)
+def from_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # launch.sh runs from there; paths in the command are relative to it
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# two nodes\nnode1 slots=4\nnode2 slots=4\n")
+    return path
+
+
+@pytest.fixture
+def pdsh_path(tmp_path):
+    """A PATH on which DeepSpeed's default multi-node backend (pdsh) is found."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "pdsh"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    return str(tmp_path / "bin")
+
+
+def problems(env: dict, target: Target = TARGET_70B, recipe=R70) -> str:
+    with pytest.raises(LaunchError) as info:
+        resolve(recipe, [], env, target)
+    return str(info.value)
+
+
+def test_two_nodes_of_four_gpus_is_the_seeds_command(hosts, pdsh_path):
+    launch = resolve(R70, [], {"NUM_NODES": "2", "NUM_GPUS": "4", "HOSTFILE": str(hosts), "PATH": pdsh_path},
+                     TARGET_70B)
+    assert shlex.join(launch.command) == (
+        f"deepspeed --hostfile={hosts} --num_nodes=2 --num_gpus=4 --master_port={MULTI_NODE_PORT} "
+        "train.py recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json")
+    assert (launch.world_size, launch.remote_nodes, launch.new_hostfile) == (8, True, None)
+
+
+def test_defaults_come_from_the_target_and_one_node_takes_a_free_port():
+    launch = resolve(R70, ["--max_steps", "3"], {}, TARGET_70B)
+    assert launch.command[1:3] == ["--num_nodes=1", "--num_gpus=8"]
+    port = int(launch.command[3].removeprefix("--master_port="))
+    assert port != MULTI_NODE_PORT and launch.command[-2:] == ["--max_steps", "3"]
+    assert (launch.world_size, launch.remote_nodes) == (8, False)
+    tiny = resolve(ROOT / "recipes/tiny", [], {}, Target(1, 2))
+    assert tiny.command[1:3] == ["--num_nodes=1", "--num_gpus=2"]  # recipes/tiny/launch.sh's default: 2 ranks
+
+
+def test_model_selects_weights_and_from_config_random_weights():
+    weights = resolve(R70, ["--lr", "1"], {"MODEL": "/models/llama-70b"}, TARGET_70B)
+    assert weights.train_argv[3:] == ["--model_name_or_path", "/models/llama-70b", "--lr", "1"]  # user's last
+    scratch = resolve(R70, [], {"FROM_CONFIG": "1"}, TARGET_70B)
+    assert scratch.train_argv[3:] == ["--model_name_or_path", "null", "--config_name", "meta-llama/Llama-2-70b-hf"]
+
+
+def test_hosts_writes_a_hostfile_with_num_gpus_slots(tmp_path):
+    path = tmp_path / "out" / "hostfile"
+    launch = resolve(R70, [], {"HOSTS": "a,b", "NUM_GPUS": "4", "HOSTFILE": str(path), "DRY_RUN": "1"}, TARGET_70B)
+    assert launch.new_hostfile == {"a": 4, "b": 4} and launch.nodes == 2 and launch.world_size == 8
+    assert f"--hostfile={path}" in launch.command
+    write_hostfile(path, launch.new_hostfile)
+    assert path.read_text() == "a slots=4\nb slots=4\n"
+    assert [p.name for p in path.parent.iterdir()] == ["hostfile"]  # no temporary left behind
+
+
+def test_no_ssh_node_launch(hosts):
+    env = {"HOSTFILE": str(hosts), "NUM_GPUS": "4", "NO_SSH": "1", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"}
+    launch = resolve(R70, [], env, TARGET_70B)
+    assert launch.command[:7] == ["deepspeed", f"--hostfile={hosts}", "--num_nodes=2", "--num_gpus=4", "--no_ssh",
+                                  "--node_rank=1", "--master_addr=10.0.0.1"]
+    assert launch.command[7] == f"--master_port={MULTI_NODE_PORT}"  # every node must agree: no random port
+    assert not launch.remote_nodes  # this node only: no pdsh, no .deepspeed_env
+
+
+def test_include_exclude_replace_the_counts(hosts, pdsh_path):
+    launch = resolve(R70, [], {"HOSTFILE": str(hosts), "INCLUDE": "node1:0,1@node2", "PATH": pdsh_path}, TARGET_70B)
+    assert launch.command[1:3] == [f"--hostfile={hosts}", "--include=node1:0,1@node2"]
+    assert not any(a.startswith(("--num_nodes", "--num_gpus")) for a in launch.command)
+    assert launch.world_size == 6  # DeepSpeed's own resolution of the filter
+    assert "INCLUDE: Hostname 'node9' not found" in problems({"HOSTFILE": str(hosts), "INCLUDE": "node9"})
+
+
+def test_openmpi_runs_the_whole_hostfile_without_counts(hosts, tmp_path):
+    (tmp_path / "ompi_info").write_text("#!/bin/sh\n")
+    (tmp_path / "ompi_info").chmod(0o755)
+    launch = resolve(R70, [], {"HOSTFILE": str(hosts), "NUM_GPUS": "4", "LAUNCHER": "openmpi",
+                               "PATH": str(tmp_path)}, TARGET_70B)
+    assert "--launcher=openmpi" in launch.command and "--num_gpus=4" not in launch.command  # DeepSpeed refuses them
+    assert launch.world_size == 8
+    assert "LAUNCHER=openmpi runs every slot" in problems({"HOSTFILE": str(hosts), "NUM_NODES": "1", "NUM_GPUS": "4",
+                                                           "LAUNCHER": "openmpi"})
+
+
+def test_wrong_combinations_are_all_reported_with_their_fix(hosts):
+    text = problems({"NUM_NODES": "3", "NUM_GPUS": "8", "HOSTFILE": str(hosts), "NO_SSH": "1", "LAUNCHER": "mpich"})
+    lines = text.splitlines()
+    assert f"NUM_NODES=3 but {hosts} lists 2 host(s): set NUM_NODES=2 or add hosts to the hostfile" in lines
+    assert f"NUM_GPUS=8 but {hosts} gives node1 4 slot(s), node2 4 slot(s): set NUM_GPUS=4 or fix the slots" in lines
+    assert "NO_SSH=1 needs NODE_RANK: this node's index (0..2) in the hostfile" in lines
+    assert any(line.startswith("NO_SSH=1 needs MASTER_ADDR") for line in lines)
+    assert any(line.startswith("LAUNCHER=mpich is not supported: use pdsh, openmpi, slurm") for line in lines)
+    assert len(lines) == 6  # + LAUNCHER unused with NO_SSH
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"NUM_NODES": "2"}, "NUM_NODES=2 needs the hosts: set HOSTFILE=path"),
+    ({"NUM_NODES": "2", "HOSTFILE": "/nonexistent/hosts"}, "HOSTFILE=/nonexistent/hosts does not exist"),
+    ({"NUM_NODES": "two"}, "NUM_NODES=two is not a whole number >= 1"),
+    ({"NUM_GPUS": "0"}, "NUM_GPUS=0 is not a whole number >= 1"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a whole number 1..65535"),
+    ({"NODE_RANK": "1"}, "NODE_RANK is only used with NO_SSH=1"),
+    ({"NO_SSH": "maybe"}, "NO_SSH=maybe is not a switch"),
+    ({"INCLUDE": "a", "EXCLUDE": "b"}, "INCLUDE and EXCLUDE are both set"),
+    ({"INCLUDE": "localhost:0", "NUM_GPUS": "2"}, "unset NUM_GPUS"),
+    ({"HOSTS": "a,a"}, "names a host twice"),
+])
+def test_each_bad_setting_names_its_fix(env, expected):
+    assert expected in problems(env)
+
+
+def test_bad_hostfile_lines_are_named(tmp_path):
+    bad = tmp_path / "hosts"
+    bad.write_text("node1 slots=4\nnode2 4\n")
+    assert f"HOSTFILE: {bad}:2: 'node2 4' is not `hostname slots=N`" in problems({"HOSTFILE": str(bad)})
+
+
+def test_several_nodes_need_the_launchers_backend_on_this_node(hosts, tmp_path):
+    text = problems({"HOSTFILE": str(hosts), "NUM_GPUS": "4", "PATH": str(tmp_path)})
+    assert "LAUNCHER=pdsh needs `pdsh` on this node" in text and "NO_SSH=1" in text
+
+
+def test_not_a_recipe_folder(tmp_path):
+    text = problems({}, recipe=tmp_path)
+    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 13b, 70b, 7b, 8b, tiny)" in text
+
+
+def test_main_prints_every_problem_and_launches_nothing(capsys, tmp_path):
+    assert main([str(R70)], {"NUM_NODES": "2", "NUM_GPUS": "0"}) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 2 and "NUM_GPUS=0" in err and "NUM_NODES=2 needs the hosts" in err
+
+
+def test_deepspeed_env_mirrors_the_forwarded_variables_and_keeps_the_users_lines(tmp_path):
+    env = {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "info", "NCCL_DEBUG": "INFO",
+           "NCCL_SOCKET_IFNAME": "^lo,docker0", "TORCH_EXTENSIONS_DIR": "/x y", "OMP_NUM_THREADS": "8",
+           "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0", "HF_BROKEN": "a\nb", "HF_QUOTE": 'say "hi"'}
+    variables, skipped = forwarded_env(env)
+    assert list(variables) == ["HF_HUB_OFFLINE", "HF_TOKEN", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS",
+                               "TORCH_EXTENSIONS_DIR", "TRANSFORMERS_VERBOSITY"]
+    assert skipped == ["HF_BROKEN", "HF_QUOTE"]
+    path = tmp_path / ".deepspeed_env"
+    path.write_text("MY_SETTING=kept=1\nHF_STALE=gone\n")
+    write_deepspeed_env(path, variables)
+    pairs = [line.split("=", 1) for line in path.read_text().splitlines()]  # how DeepSpeed's runner reads it
+    assert dict(pairs) == {"MY_SETTING": "kept=1", **variables}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # HF_TOKEN is in there
+
+
+@pytest.mark.parametrize("text, expected", [("1x8x40GB", Target(1, 8, "40GB")), ("2x4", Target(2, 4, None)),
+                                            ("1x2x141GB", Target(1, 2, "141GB"))])
+def test_target_parses(text, expected):
+    assert Target.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8", "0x8", "1x8x", "1x8xlots"])
+def test_bad_target_is_refused(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="NODESxGPUS"):
+        Target.parse(text)

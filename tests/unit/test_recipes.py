@@ -1,0 +1,189 @@
+"""Every recipe folder, found on disk: exactly four files, a strict YAML, the generator's ds_config, a README
+header with hardware and version, a 3-line launch.sh, and the planner's numbers where the docs quote them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_zero3.checkpoint import DEFAULT_SAVE_STEPS, DEFAULT_SAVE_TOTAL_LIMIT
+from hf_zero3.ds_config import build_ds_config, training_args_overrides
+from hf_zero3.launch import Target
+from hf_zero3.presets import RECIPE_CONFIGS, render
+from tests.conftest import ROOT
+
+RECIPES_DIR = ROOT / "recipes"
+RECIPES = sorted(p for p in RECIPES_DIR.iterdir() if p.is_dir())
+FILES = {"ds_config.json", "train_args.yaml", "launch.sh", "README.md"}
+by_name = pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+
+
+def test_recipes_are_found_on_disk_and_nothing_else_lives_under_recipes():
+    assert len(RECIPES) == 5
+    assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["13b", "70b", "7b", "8b", "tiny"]
+    for path in RECIPES_DIR.rglob("*"):  # recursive: a nested folder or stray file is an error too
+        rel = path.relative_to(RECIPES_DIR)
+        if path.is_dir():
+            assert len(rel.parts) == 1, f"nested folder {rel}"
+        else:
+            assert rel == Path("CHANGELOG.md") or (len(rel.parts) == 2 and rel.name in FILES), f"stray file {rel}"
+
+
+@by_name
+def test_folder_holds_exactly_the_four_files(recipe):
+    assert {p.name for p in recipe.iterdir()} == FILES
+
+
+@by_name
+def test_train_args_parse_strictly_and_need_no_string_coercion(recipe):
+    from transformers import HfArgumentParser
+
+    from hf_zero3.data import DataArguments
+    from hf_zero3.train import ModelArguments, TrainingArguments, load_arguments
+
+    raw = yaml.safe_load((recipe / "train_args.yaml").read_text())
+    values = load_arguments([str(recipe / "train_args.yaml")])  # unknown keys raise
+    # PyYAML reads 2e-5 as a string: every value must already have its field's type (1.0e-5 style floats).
+    coerced = [k for k, v in raw.items() if isinstance(v, str) and not isinstance(values[k], str)]
+    assert coerced == [], f"{recipe.name}: write these as YAML numbers/booleans: {coerced}"
+    assert values["deepspeed"] == str(recipe / "ds_config.json")  # the folder's own config, found next to the YAML
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    _, data, training = parser.parse_dict({**values, "deepspeed": None, "use_cpu": True}, allow_extra_keys=False)
+    assert training.output_dir and data.block_size
+
+
+@by_name
+def test_ds_config_is_the_generators_output(recipe):
+    spec = RECIPE_CONFIGS[recipe.name]
+    text = (recipe / "ds_config.json").read_text()
+    assert json.loads(text) == build_ds_config(spec)
+    assert text == render(build_ds_config(spec))
+
+
+@by_name
+def test_train_args_carry_what_the_spec_needs_from_training_arguments(recipe):
+    """E.g. activation checkpointing is a TrainingArgument, not a ds_config key: the YAML must set it."""
+    values = yaml.safe_load((recipe / "train_args.yaml").read_text())
+    needed = training_args_overrides(RECIPE_CONFIGS[recipe.name])
+    assert {k: values.get(k) for k in needed} == needed
+
+
+@by_name
+def test_checkpoints_every_500_steps_keep_3(recipe):
+    values = yaml.safe_load((recipe / "train_args.yaml").read_text())
+    assert values["save_total_limit"] == DEFAULT_SAVE_TOTAL_LIMIT
+    if values.get("max_steps", DEFAULT_SAVE_STEPS) >= DEFAULT_SAVE_STEPS:  # the tiny recipe runs 100 steps
+        assert values["save_steps"] == DEFAULT_SAVE_STEPS
+
+
+def _changelog(recipe: Path) -> list[str]:
+    """The recipe's `- vN (date): ...` lines in recipes/CHANGELOG.md, oldest first."""
+    section = re.search(rf"^## {re.escape(recipe.name)}\n((?:- v\d+ .*\n?)+)", (RECIPES_DIR / "CHANGELOG.md").read_text(),
+                        re.MULTILINE)
+    return section.group(1).splitlines() if section else []
+
+
+def _version(recipe: Path) -> int:
+    header = (recipe / "README.md").read_text().splitlines()[0]
+    match = re.fullmatch(rf"# Recipe `{re.escape(recipe.name)}` \(v(\d+)\) — .+", header)
+    assert match, f"{recipe.name}: README must start with '# Recipe `{recipe.name}` (vN) — <what>', got {header!r}"
+    return int(match.group(1))
+
+
+def _header_rows(recipe: Path) -> dict[str, str]:
+    """The README's first table: `| row | value |` lines before the first blank line after the title."""
+    rows = {}
+    for line in (recipe / "README.md").read_text().split("\n\n")[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] and set(cells[0]) != {"-"}:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+@by_name
+def test_readme_header_names_hardware_launch_measurement_and_version(recipe):
+    version = _version(recipe)
+    rows = _header_rows(recipe)
+    assert {"target hardware", "launch", "measured"} <= set(rows), rows
+    assert f"recipes/{recipe.name}/launch.sh" in rows["launch"]
+    assert rows["measured"].startswith(("not yet (no such hardware lent)", "20")), rows["measured"]
+    first_line = (recipe / "train_args.yaml").read_text().splitlines()[0]
+    assert f"(v{version})" in first_line, f"{recipe.name}: train_args.yaml line 1 says {first_line!r}, README v{version}"
+    entries = _changelog(recipe)
+    assert entries, f"recipes/CHANGELOG.md has no '## {recipe.name}' section with '- vN (date): ...' lines"
+    assert max(int(re.match(r"- v(\d+) ", e).group(1)) for e in entries) == version
+
+
+def test_changelog_lists_only_existing_recipes():
+    names = re.findall(r"^## (\S+)$", (RECIPES_DIR / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert sorted(names) == [p.name for p in RECIPES]
+
+
+def _target(recipe: Path) -> Target:
+    match = re.search(r"--target (\S+)", (recipe / "launch.sh").read_text())
+    assert match, f"{recipe.name}/launch.sh passes no --target"
+    return Target.parse(match.group(1))
+
+
+@by_name
+def test_launch_sh_is_the_three_line_wrapper(recipe):
+    path = recipe / "launch.sh"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and lines[0] == "#!/usr/bin/env bash"
+    assert 'exec python -m hf_zero3.launch --target ' in lines[2] and lines[2].endswith('"$here" "$@"')
+    assert path.stat().st_mode & 0o111
+    assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+    _target(recipe)
+
+
+def test_slurm_script_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts/slurm/train.sbatch")], check=False).returncode == 0
+
+
+def _plans(recipe: Path):
+    """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory."""
+    from hf_zero3.models import load_shape
+    from hf_zero3.plan_cli import parse_size
+    from hf_zero3.planner import Hardware, Training, choose, plan
+    from hf_zero3.spec import ZeroSpec
+
+    target = _target(recipe)
+    if target.gpu_mem is None:
+        return None
+    values = yaml.safe_load((recipe / "train_args.yaml").read_text())
+    micro, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
+    precision = "bf16" if values.get("bf16") else "fp32"
+    shape, seq = load_shape(recipe.name), values["block_size"]
+    hardware = Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
+    spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
+    ours = plan(shape, hardware, Training(seq, micro, accum), spec)
+    best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision).plan
+    return ours, best
+
+
+@by_name
+def test_recipe_fits_its_target_and_the_readme_quotes_the_planner(recipe):
+    from hf_zero3.planner import gb
+
+    plans = _plans(recipe)
+    if plans is None:
+        pytest.skip(f"{recipe.name} has no GPU target")
+    ours, _ = plans
+    assert ours.fits, ours.problems()
+    expected = _header_rows(recipe)["expected memory (planner)"]
+    assert f"{gb(ours.gpu_bytes)} per GPU" in expected and gb(ours.host_bytes) in expected, expected
+
+
+@by_name
+def test_recipes_that_claim_the_planners_choice_are_it(recipe):
+    if "the planner's choice" not in _changelog(recipe)[-1]:
+        pytest.skip(f"{recipe.name}'s newest version does not claim to be the planner's choice")
+    ours, best = _plans(recipe)
+    assert best is not None
+    assert (best.label, best.training.micro_batch, best.training.grad_accum) == (
+        ours.label, ours.training.micro_batch, ours.training.grad_accum)
