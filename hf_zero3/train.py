@@ -290,6 +290,7 @@ def run(argv: list[str]) -> dict[str, float]:
     from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
 
     from hf_zero3.callbacks import DeepSpeedTimersCallback, default_callbacks, install_callbacks
+    from hf_zero3.checkpoint import CheckpointError
     from hf_zero3.data import build_datasets
 
     values = load_arguments(argv)
@@ -308,6 +309,14 @@ def run(argv: list[str]) -> dict[str, float]:
     model, tokenizer = _load_model_and_tokenizer(model_args)
     train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
                                                  max_positions=model.config.max_position_embeddings)
+    try:
+        callbacks = default_callbacks(training_args, seq_len=data_args.block_size)
+    except CheckpointError as e:  # e.g. push_to_hub without a usable hub_model_id
+        raise UsageError(str(e)) from e
+    # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
+    # took these settings above): the Trainer's own rotation and push (which would create the Hub repo in its
+    # __init__ and upload whatever save_model wrote), blind to incomplete saves, stay off.
+    training_args.save_total_limit, training_args.push_to_hub = None, False
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -316,11 +325,7 @@ def run(argv: list[str]) -> dict[str, float]:
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )
-    install_callbacks(trainer, [DeepSpeedTimersCallback(trainer),
-                                *default_callbacks(training_args, seq_len=data_args.block_size)])
-    # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
-    # took these settings above): the Trainer's own rotation and push, blind to incomplete saves, stay off.
-    training_args.save_total_limit, training_args.push_to_hub = None, False
+    install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), *callbacks])
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
     try:

@@ -157,3 +157,8 @@ def test_srun_tasks_without_a_launcher_are_refused_before_anything_runs(monkeypa
     assert main([str(TINY_YAML), "--deepspeed", "null"]) == 2
     assert "srun started several tasks but no launcher set RANK/WORLD_SIZE" in capsys.readouterr().err
     assert "WORLD_SIZE" not in __import__("os").environ
+
+
+def test_push_to_hub_without_a_repo_id_is_a_usage_error_before_training(capsys, tmp_path):
+    err = train_fails(capsys, "--push_to_hub", "true", "--output_dir", tmp_path / "o")
+    assert "set hub_model_id to ORG/NAME" in err
