@@ -271,17 +271,22 @@ def _explain_oom(error: BaseException, model_config, training_args, seq_len: int
         return
     try:
         advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host")
-    except Exception as planner_error:  # never hide the OOM behind a planner problem
+    except Exception as planner_error:  # noqa: BLE001 -- never hide the OOM behind a planner problem
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
           f"{advice}", file=sys.stderr, flush=True)
 
 
-def write_run_config(path: Path, model_args, data_args, trainer) -> None:
-    """The resolved arguments and the ds_config as the bridge filled it: what actually ran."""
+def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: dict[str, Any]) -> None:
+    """The resolved arguments and the ds_config as the bridge filled it: what actually ran.
+
+    `by_callbacks` holds the user's settings that our callbacks carry out while the Trainer's own copy is off
+    (save_total_limit, push_to_hub): recorded as the user set them, so a rerun from this file does the same.
+    """
     ds = trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None
     resolved = {"model": dataclasses.asdict(model_args), "data": dataclasses.asdict(data_args),
-                "training": trainer.args.to_dict(), "ds_config": ds, "world_size": trainer.args.world_size}
+                "training": {**trainer.args.to_dict(), **by_callbacks}, "ds_config": ds,
+                "world_size": trainer.args.world_size}
     path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
 
 
@@ -316,6 +321,7 @@ def run(argv: list[str]) -> dict[str, float]:
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
     # took these settings above): the Trainer's own rotation and push (which would create the Hub repo in its
     # __init__ and upload whatever save_model wrote), blind to incomplete saves, stay off.
+    by_callbacks = {"save_total_limit": training_args.save_total_limit, "push_to_hub": training_args.push_to_hub}
     training_args.save_total_limit, training_args.push_to_hub = None, False
     trainer = Trainer(
         model=model,
@@ -346,7 +352,7 @@ def run(argv: list[str]) -> dict[str, float]:
     trainer.save_metrics("train", result.metrics)
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
-        write_run_config(out / "run_config.json", model_args, data_args, trainer)
+        write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
         checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
         print(f"hf_zero3: final model: {out}", flush=True)
         if checkpoints:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from hf_zero3.models import load_shape, with_changes
 from hf_zero3.presets import RECIPE_CONFIGS
@@ -78,6 +79,8 @@ def test_recipe_trains_three_steps_on_two_ranks_with_its_own_config(recipe_runs,
         k: v for k, v in recipe_config["zero_optimization"].items() if k in ("stage", "offload_optimizer", "offload_param")}
     assert resolved["training"]["bf16"] == (spec.precision == "bf16")
     assert resolved["training"]["gradient_checkpointing"] == spec.activation_checkpointing
+    recipe_args = yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_text())
+    assert resolved["training"]["save_total_limit"] == recipe_args["save_total_limit"]  # as set, not as the Trainer saw it
     curve = losses(out)
     assert len(curve) == 3 and all(math.isfinite(x) for x in curve)
     assert curve[-1] < curve[0], curve

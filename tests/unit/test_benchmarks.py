@@ -27,3 +27,31 @@ def test_summary_rows_in_benchmarks_readme_match_the_generated_reports():
     for tokens, mfu, peak in rows:
         assert any(t == tokens and m == mfu and abs(float(p) - float(peak)) <= 0.05 for t, m, p in measured), \
             (tokens, mfu, peak)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_probe_replays_the_allocator_trace_to_its_peak():
+    """The probe's replay: baseline + allocations - completed frees, and what was live at the maximum."""
+    probe = _load("memory_probe")
+    ds = [{"filename": "/v/lib/python3.12/site-packages/torch/nn/functional.py", "line": 1, "name": "linear"},
+          {"filename": "/v/lib/python3.12/site-packages/deepspeed/runtime/zero/stage3.py", "line": 9, "name": "step"}]
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": ds},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": []},  # autograd's C++ thread: no python frame
+        {"action": "free_requested", "addr": 1, "size": 100},  # not yet reusable: still counted
+        {"action": "alloc", "addr": 3, "size": 30, "frames": ds},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": []},
+    ]
+    peak, index, live = probe.replay(trace, baseline=1000)
+    assert (peak, index) == (1180, 3)
+    assert sorted(e["addr"] for e in live) == [1, 2, 3]
+    report = probe.breakdown({"device_traces": [trace]}, 0, 1000)
+    assert {x["site"]: x["tensors"] for x in report["live_at_peak"]} == {
+        "deepspeed/runtime/zero/stage3.py:9 step": 2, "backward (autograd engine)": 1}

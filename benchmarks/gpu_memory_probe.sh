@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Memory probes behind the planner's calibration (benchmarks/README.md): the 8b workload (Llama-3-8B shape,
+# random weights, seq 4096, micro batch 1 x accumulation 4) on 2 GPUs, 3 steps per variant, each run under
+# benchmarks/memory_probe.py. Run from the repository root on a 2-GPU box.
+# Usage: [PROBE_TAR=results.tgz] bash benchmarks/gpu_memory_probe.sh OUT_DIR VARIANT...
+#   VARIANT: zero2, zero2_ckpt, zero3, zero3_ckpt, zero3_offload_opt, zero3_offload_all
+set -uo pipefail
+out=$1; shift
+mkdir -p "$out"
+arch=${TORCH_CUDA_ARCH_LIST:-}
+if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}  # CPU Adam: half the cores per rank
+[ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
+from transformers import LlamaConfig
+LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
+PY
+for variant in "$@"; do
+  ckpt=false
+  case $variant in
+    zero2) config=ds_configs/zero2.json ;;
+    zero2_ckpt) config=ds_configs/zero2.json; ckpt=true ;;
+    zero3) config=recipes/8b/ds_config.json ;;
+    zero3_ckpt) config=recipes/8b/ds_config.json; ckpt=true ;;
+    zero3_offload_opt) config=ds_configs/zero3_offload_optimizer.json ;;
+    zero3_offload_all) config=ds_configs/zero3_offload_all.json ;;
+    *) echo "unknown variant $variant"; exit 2 ;;
+  esac
+  start=$(date +%s)
+  deepspeed --num_gpus 2 benchmarks/memory_probe.py --probe_out "$out/$variant" recipes/8b/train_args.yaml \
+    --deepspeed "$config" --gradient_checkpointing $ckpt --max_steps 3 --logging_steps 1 --save_strategy no \
+    --report_to none --output_dir "outputs/probe-$variant" --overwrite_output_dir true \
+    --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
+    --train_file assets/tiny/corpus/train.txt --block_size 4096 --per_device_train_batch_size 1 \
+    --gradient_accumulation_steps 4 > "$out/$variant.log" 2>&1
+  echo "$variant: exit $? in $(( $(date +%s) - start )) s"
+  grep -E "memory_probe:|Error|error:" "$out/$variant.log" | tail -5
+  if [ -n "${PROBE_TAR:-}" ]; then tar czf "$PROBE_TAR" -C "$out" .; fi  # one file back per call, even if cut short
+done
