@@ -57,14 +57,14 @@ plan-%: setup ## dry run of train-<size> (no GPU needed): command, arguments, ba
 	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }
 	source $(BIN)/activate && DRY_RUN=1 recipes/$*/launch.sh $(ARGS)
 
-sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsync over SSH); the doctor then compares code
+sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsync over SSH, SSH_PORT/PDSH_SSH_ARGS_APPEND as the launcher); the doctor then compares code
 	@test -n "$(HOSTFILE)" || { echo "error: make sync needs HOSTFILE=path (DeepSpeed's hostfile, lines: host slots=N)" >&2; exit 2; }
 	@test -f "$(HOSTFILE)" || { echo "error: HOSTFILE=$(HOSTFILE) does not exist" >&2; exit 2; }
 	@hosts=$$(sed -e 's/#.*//' "$(HOSTFILE)" | awk 'NF {print $$1}'); \
 	test -n "$$hosts" || { echo "error: $(HOSTFILE) lists no hosts" >&2; exit 2; }; \
 	for host in $$hosts; do \
 	  echo "sync $(CURDIR)/ -> $$host:$(CURDIR)/"; \
-	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e ssh ./ "$$host:$(CURDIR)/" || exit 1; \
+	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e "ssh $${SSH_PORT:+-p $$SSH_PORT} $${PDSH_SSH_ARGS_APPEND:-}" ./ "$$host:$(CURDIR)/" || exit 1; \
 	done
 	source $(BIN)/activate && hf-zero3 doctor --hostfile "$(HOSTFILE)" --skip versions --skip native --skip gpus \
-	  --skip ops --skip nvme --skip allreduce
+	  --skip ops --skip nvme --skip allreduce $${SSH_PORT:+--ssh-port $$SSH_PORT}

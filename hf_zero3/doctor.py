@@ -33,8 +33,13 @@ from packaging.version import Version
 # setup.cfg cannot express native libraries; these floors are the seed's (torch>=2.6 wheels ship newer).
 NATIVE_MINIMUMS = {"cuda": "11.8", "cudnn": "8.6", "nccl": "2.18"}
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
-SSH_FIX = ("set up passwordless SSH from this node: `ssh-keygen -t ed25519` once, then `ssh-copy-id {host}`; "
-           "check that `ssh -o BatchMode=yes {host} true` works without a prompt and the name resolves")
+SSH_FIX = ("set up passwordless SSH from this node: `ssh-keygen -t ed25519` once, then "
+           "`ssh-copy-id {port}{host}`; check that `ssh -o BatchMode=yes {port}{host} true` works without a "
+           "prompt and the name resolves")
+HOST_KEY_FIX = ("this node does not know {host}'s host key and BatchMode cannot ask: add it once, "
+                "`ssh-keyscan {port}{host} >> ~/.ssh/known_hosts` (compare its fingerprint with the "
+                "host's `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), or `ssh {port}{host} true` "
+                "and answer yes")
 # Reported, not required, when neither --config nor --ops says which ops the run needs.
 DEFAULT_OPS = ("cpu_adam", "fused_adam", "async_io")
 SLOW_MBPS = 500  # below this an "NVMe" path is probably a network or spinning disk
@@ -422,38 +427,48 @@ def fingerprint() -> dict:
     return {"code_root": str(root), "code_hash": code_hash(root), "versions": versions}
 
 
-def _ssh(host: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*SSH, host, command], capture_output=True, text=True, timeout=timeout, check=False)
+def ssh_command(host: str, command: str, port: int | None = None) -> list[str]:
+    """The ssh call DeepSpeed's pdsh runner makes: PDSH_SSH_ARGS_APPEND, then `-p` for its --ssh_port."""
+    extra = shlex.split(os.environ.get("PDSH_SSH_ARGS_APPEND", ""))
+    return [*SSH, *extra, *(["-p", str(port)] if port else []), host, command]
 
 
-def check_host(host: str, local: dict) -> list[Result]:
+def _ssh(host: str, command: str, timeout: int = 60, port: int | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(ssh_command(host, command, port), capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def check_host(host: str, local: dict, port: int | None = None) -> list[Result]:
     """Passwordless SSH to `host`, then the same code hash and package versions as this node."""
     try:
-        proc = _ssh(host, "true", timeout=30)
+        proc = _ssh(host, "true", timeout=30, port=port)
     except subprocess.TimeoutExpired:
         proc = subprocess.CompletedProcess([], 255, "", "ssh timed out")
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return [Result("FAIL", f"ssh:{host}", f"no passwordless SSH: {reason}", SSH_FIX.format(host=host))]
+        fix = HOST_KEY_FIX if "Host key verification failed" in proc.stderr else SSH_FIX
+        return [Result("FAIL", f"ssh:{host}", f"no passwordless SSH: {reason}",
+                       fix.format(host=host, port=f"-p {port} " if port else ""))]
     results = [Result("OK", f"ssh:{host}", "passwordless SSH works")]
     root = local["code_root"]
+    rsync = f"rsync -a -e 'ssh -p {port}'" if port else "rsync -a"
     command = (f"cd {shlex.quote(root)} && {shlex.quote(sys.executable)} "
                "-m hf_zero3.doctor --fingerprint")
     try:
-        proc = _ssh(host, command, timeout=300)
+        proc = _ssh(host, command, timeout=300, port=port)
         remote = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
         remote = None
     if remote is None:
         return results + [Result("FAIL", f"code:{host}", f"`{command}` failed there",
                                  f"put the same checkout and venv at the same paths on {host} (shared NFS, "
-                                 f"or `rsync -a {root}/ {host}:{root}/` and the venv)")]
+                                 f"or `{rsync} {root}/ {host}:{root}/` and the venv)")]
     here, there = local["code_hash"][:12], remote["code_hash"][:12]
     if here == there:
         results.append(Result("OK", f"code:{host}", f"same tracked files (sha256 {here})"))
     else:
         results.append(Result("FAIL", f"code:{host}", f"tracked files differ ({there} there, {here} here)",
-                              f"sync it: `rsync -a --delete {root}/ {host}:{root}/`, or share it on NFS"))
+                              f"sync it: `{rsync} --delete {root}/ {host}:{root}/`, or share it on NFS"))
     diff = {k: (v, remote["versions"].get(k)) for k, v in local["versions"].items()
             if remote["versions"].get(k) != v}
     if diff:
@@ -467,8 +482,8 @@ def check_host(host: str, local: dict) -> list[Result]:
     return results
 
 
-def check_hostfile(path: str | os.PathLike, ssh: bool = True) -> list[Result]:
-    """Parse the hostfile, then (with `ssh`) check every host in parallel."""
+def check_hostfile(path: str | os.PathLike, ssh: bool = True, port: int | None = None) -> list[Result]:
+    """Parse the hostfile, then (with `ssh`) check every host in parallel (on SSH port `port`)."""
     try:
         hosts = parse_hostfile(Path(path).read_text(), str(path))
     except (OSError, HostfileError) as e:
@@ -484,7 +499,7 @@ def check_hostfile(path: str | os.PathLike, ssh: bool = True) -> list[Result]:
                               "apt install pdsh (or launch with `--launcher openmpi`)"))
     local = fingerprint()
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        for host_results in pool.map(lambda h: check_host(h, local), hosts):
+        for host_results in pool.map(lambda h: check_host(h, local, port), hosts):
             results.extend(host_results)
     return results
 
@@ -492,7 +507,7 @@ def check_hostfile(path: str | os.PathLike, ssh: bool = True) -> list[Result]:
 # ---- all-reduce -------------------------------------------------------------------------------------
 
 def allreduce_command(ranks: int, launcher: str, port: int, hostfile: str | None = None,
-                      sizes_mb: str = "1,16,64") -> list[str]:
+                      sizes_mb: str = "1,16,64", ssh_port: int | None = None) -> list[str]:
     """The same launcher as training, running hf_zero3.allreduce_test on every rank."""
     module = ["hf_zero3.allreduce_test", "--sizes-mb", sizes_mb]
     if launcher == "torchrun":
@@ -500,12 +515,13 @@ def allreduce_command(ranks: int, launcher: str, port: int, hostfile: str | None
                 "--master_port", str(port), "-m", *module]
     deepspeed = Path(sys.executable).parent / "deepspeed"
     hosts = ["--hostfile", str(hostfile)] if hostfile else ["--num_gpus", str(ranks)]
+    hosts += ["--ssh_port", str(ssh_port)] if hostfile and ssh_port else []
     return [str(deepspeed) if deepspeed.exists() else "deepspeed", *hosts, "--master_port", str(port),
             "--module", *module]
 
 
 def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | None = None,
-                    timeout: int = 300, min_nccl_busbw: float = 5.0) -> Result:
+                    timeout: int = 300, min_nccl_busbw: float = 5.0, ssh_port: int | None = None) -> Result:
     """Launch the all-reduce test like training; rank 0's numbers, or the launcher's last words and a fix.
 
     `ranks` is the world size it must reach (with a hostfile: the sum of its slots)."""
@@ -515,7 +531,8 @@ def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | Non
     from hf_zero3.distributed import free_port
 
     gpu = torch.cuda.is_available()
-    cmd = allreduce_command(ranks, launcher, free_port(), hostfile, "1,16,256" if gpu else "1,16,64")
+    sizes = "1,16,256" if gpu else "1,16,64"
+    cmd = allreduce_command(ranks, launcher, free_port(), hostfile, sizes, ssh_port)
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -14,10 +14,20 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    port = _positive_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port 1..65535, got {text}")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--hostfile", metavar="FILE", help="DeepSpeed hostfile (`host slots=N`): check SSH, code and "
         "versions on every host, and all-reduce over all their slots")
+    add("--ssh-port", type=_port, metavar="N", help="SSH port of the hosts, as DeepSpeed's --ssh_port "
+        "(default: ssh's); further ssh options come from PDSH_SSH_ARGS_APPEND, as for DeepSpeed's "
+        "pdsh runner")
     add("--config", metavar="FILE", help="the ds_config you will train with: decides the DeepSpeed ops "
         "required and the NVMe paths checked")
     add("--ops", action="append", default=[], metavar="NAME[,NAME]",
@@ -76,14 +86,15 @@ def main(args: argparse.Namespace) -> int:
             emit(doctor.check_nvme(path, args.nvme_test_mb * 2**20))
     ranks, hosts_ok = args.ranks, True
     if args.hostfile:
-        host_results = doctor.check_hostfile(args.hostfile, ssh="hosts" not in skip)
+        host_results = doctor.check_hostfile(args.hostfile, ssh="hosts" not in skip, port=args.ssh_port)
         emit(*host_results)
         hosts_ok = all(r.status != "FAIL" for r in host_results)
         ranks = sum(host_results[0].data.get("hosts", {}).values()) or ranks
     if "allreduce" not in skip:
         if hosts_ok:
             launcher = "deepspeed" if args.hostfile else args.launcher
-            emit(doctor.check_allreduce(ranks or doctor.default_ranks(), launcher, args.hostfile))
+            emit(doctor.check_allreduce(ranks or doctor.default_ranks(), launcher, args.hostfile,
+                                        ssh_port=args.ssh_port))
         else:
             emit(doctor.Result("WARN", "allreduce", "not run: a host check above failed", "fix that first"))
 

@@ -45,6 +45,7 @@ ENV_HELP = """environment:
   INCLUDE        DeepSpeed's --include (host[:slot,...][@host...]); replaces NUM_NODES/NUM_GPUS
   EXCLUDE        DeepSpeed's --exclude, same syntax
   LAUNCHER       multi-node backend: pdsh (default), openmpi, slurm
+  SSH_PORT       SSH port of the other nodes (DeepSpeed's --ssh_port; default: ssh's own)
   NO_SSH=1       start this node's ranks only (DeepSpeed --no_ssh); run once per node with NODE_RANK
   NODE_RANK      this node's index in the hostfile (with NO_SSH=1)
   MASTER_ADDR    address of node 0 (needed with NO_SSH=1)
@@ -251,6 +252,9 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     hosts_used, world = _resources(env, nodes, gpus, hostfile, pool, launcher, problems)
     node_rank = _node_rank(env, no_ssh, launcher, hosts_used, problems)
     port = _number(env, "MASTER_PORT", 0, problems, high=65535)
+    ssh_port = _number(env, "SSH_PORT", 0, problems, high=65535)
+    if ssh_port and no_ssh:
+        problems.append("SSH_PORT is unused with NO_SSH=1 (no node is reached over SSH): unset it")
     remote = hosts_used > 1 and not no_ssh
     tool = LAUNCHER_TOOLS.get(launcher or "pdsh")
     if remote and pool and tool and not dry_run and not shutil.which(tool, path=env.get("PATH")):
@@ -269,6 +273,7 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     if not (include or exclude or launcher == "openmpi"):
         command += [f"--num_nodes={nodes}", f"--num_gpus={gpus}"]
     command += [f"--launcher={launcher}"] if launcher else []
+    command += [f"--ssh_port={ssh_port}"] if ssh_port else []
     command += ["--no_ssh", f"--node_rank={node_rank}"] if no_ssh else []
     command += [f"--master_addr={master_addr}"] if master_addr else []
     train_argv = [_shown(recipe / "train_args.yaml"), "--deepspeed", _shown(recipe / "ds_config.json"),

@@ -159,3 +159,64 @@ def test_arch_list_deepspeed_cannot_parse_is_named_with_a_fix(monkeypatch):
     assert doctor._arch_list_problem().endswith('export TORCH_CUDA_ARCH_LIST="8.0;9.0" before training')
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0+PTX")
     assert doctor._arch_list_problem() is None
+
+
+def test_ssh_call_is_deepspeeds_pdsh_call(monkeypatch):
+    """DeepSpeed's pdsh runner appends PDSH_SSH_ARGS_APPEND and `-p <--ssh_port>`: the doctor tests that."""
+    monkeypatch.delenv("PDSH_SSH_ARGS_APPEND", raising=False)
+    assert doctor.ssh_command("node1", "true") == [*doctor.SSH, "node1", "true"]
+    monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", "-i '/keys/my key' -o IdentitiesOnly=yes")
+    assert doctor.ssh_command("node1", "true", port=2222) == [
+        *doctor.SSH, "-i", "/keys/my key", "-o", "IdentitiesOnly=yes", "-p", "2222", "node1", "true"]
+    assert doctor.allreduce_command(4, "deepspeed", 1, hostfile="hf", ssh_port=2222)[1:5] == [
+        "--hostfile", "hf", "--ssh_port", "2222"]
+
+
+def _fake_ssh(monkeypatch, *, rc: int = 0, stderr: str = "", remote: dict | None = None) -> None:
+    def fake(host, command, timeout=60, port=None):
+        out = json.dumps(remote) if remote and command != "true" else ""
+        return subprocess.CompletedProcess([], rc, out, stderr)
+
+    monkeypatch.setattr(doctor, "_ssh", fake)
+
+
+LOCAL = {"code_root": "/src", "code_hash": "a" * 64, "versions": {"python": "3.11.7", "torch": "2.13.0"}}
+
+
+def test_ssh_failure_names_the_fix_for_its_cause(monkeypatch):
+    _fake_ssh(monkeypatch, rc=255, stderr="No ED25519 host key is known for [node1]:2222 and you have "
+              "requested strict checking.\nHost key verification failed.\n")
+    [result] = doctor.check_host("node1", LOCAL, port=2222)
+    assert result.detail == "no passwordless SSH: Host key verification failed."
+    assert "`ssh-keyscan -p 2222 node1 >> ~/.ssh/known_hosts`" in result.fix
+    _fake_ssh(monkeypatch, rc=255, stderr="root@node1: Permission denied (publickey).\n")
+    [result] = doctor.check_host("node1", LOCAL)
+    assert "`ssh-copy-id node1`" in result.fix and "ssh-keyscan" not in result.fix
+
+
+def test_different_code_and_versions_fail_with_sync_and_pins(monkeypatch):
+    _fake_ssh(monkeypatch, remote={"code_root": "/src", "code_hash": "b" * 64,
+                                   "versions": {"python": "3.11.7", "torch": "2.12.0"}})
+    results = {r.name: r for r in doctor.check_host("node1", LOCAL, port=2222)}
+    assert results["ssh:node1"].status == "OK"
+    assert results["code:node1"].detail == f"tracked files differ ({'b' * 12} there, {'a' * 12} here)"
+    assert results["code:node1"].fix.startswith(
+        "sync it: `rsync -a -e 'ssh -p 2222' --delete /src/ node1:/src/`")
+    assert results["versions:node1"].detail == "differ: torch 2.12.0 there, 2.13.0 here"
+    assert results["versions:node1"].fix == 'on node1: pip install "torch==2.13.0"'
+    _fake_ssh(monkeypatch, remote=LOCAL)
+    assert [r.status for r in doctor.check_host("node1", LOCAL)] == ["OK", "OK", "OK"]
+
+
+def test_ssh_port_option_is_a_port():
+    import argparse
+
+    from hf_zero3 import doctor_cli
+
+    parser = argparse.ArgumentParser()
+    doctor_cli.add_arguments(parser)
+    assert parser.parse_args(["--ssh-port", "2222"]).ssh_port == 2222
+    assert parser.parse_args([]).ssh_port is None
+    for bad in ("0", "65536", "22x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--ssh-port", bad])

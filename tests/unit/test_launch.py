@@ -60,6 +60,17 @@ def test_two_nodes_of_four_gpus_is_the_seeds_command(hosts, pdsh_path):
     assert (launch.world_size, launch.remote_nodes, launch.new_hostfile) == (8, True, None)
 
 
+def test_ssh_port_reaches_deepspeeds_runner(hosts, pdsh_path):
+    """SSH_PORT becomes DeepSpeed's --ssh_port, which its pdsh runner passes to ssh as `-p`."""
+    from deepspeed.launcher.runner import parse_args
+
+    env = {"HOSTFILE": str(hosts), "NUM_GPUS": "4", "PATH": pdsh_path}
+    launch = resolve(R70, [], {**env, "SSH_PORT": "2222"}, TARGET_70B)
+    assert launch.command[1:5] == [f"--hostfile={hosts}", "--num_nodes=2", "--num_gpus=4", "--ssh_port=2222"]
+    assert parse_args(launch.command[1:]).ssh_port == 2222  # DeepSpeed's own parser takes it
+    assert not any(arg.startswith("--ssh_port") for arg in resolve(R70, [], env, TARGET_70B).command)
+
+
 def test_defaults_come_from_the_target_and_one_node_takes_a_free_port():
     launch = resolve(R70, ["--max_steps", "3"], {}, TARGET_70B)
     assert launch.command[1:3] == ["--num_nodes=1", "--num_gpus=8"]
@@ -132,6 +143,8 @@ def test_wrong_combinations_are_all_reported_with_their_fix(hosts):
     ({"NUM_NODES": "two"}, "NUM_NODES=two is not a whole number >= 1"),
     ({"NUM_GPUS": "0"}, "NUM_GPUS=0 is not a whole number >= 1"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a whole number 1..65535"),
+    ({"SSH_PORT": "22x"}, "SSH_PORT=22x is not a whole number 1..65535: fix or unset it"),
+    ({"SSH_PORT": "2222", "NO_SSH": "1"}, "SSH_PORT is unused with NO_SSH=1"),
     ({"NODE_RANK": "1"}, "NODE_RANK is only used with NO_SSH=1"),
     ({"NO_SSH": "maybe"}, "NO_SSH=maybe is not a switch"),
     ({"INCLUDE": "a", "EXCLUDE": "b"}, "INCLUDE and EXCLUDE are both set"),
