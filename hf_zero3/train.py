@@ -294,7 +294,12 @@ def run(argv: list[str]) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics."""
     from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
 
-    from hf_zero3.callbacks import DeepSpeedTimersCallback, default_callbacks, install_callbacks
+    from hf_zero3.callbacks import (
+        DeepSpeedTimersCallback,
+        HubPushCallback,
+        default_callbacks,
+        install_callbacks,
+    )
     from hf_zero3.checkpoint import CheckpointError
     from hf_zero3.data import build_datasets
 
@@ -350,6 +355,9 @@ def run(argv: list[str]) -> dict[str, float]:
         metrics.update(eval_metrics)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
+    for callback in trainer.callback_handler.callbacks:  # pushes run in a thread on rank 0; collectives are done
+        if isinstance(callback, HubPushCallback):
+            callback.wait()
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)

@@ -211,6 +211,9 @@ def test_callback_pushes_exported_weights_with_a_card_at_each_save(reference, hu
     trained = weights(out / "checkpoint-8")
     assert all(torch.equal(pushed[k], trained[k].to(torch.bfloat16)) for k in trained)
     assert "hf_zero3: pushed checkpoint-8 to org/tiny-run" in proc.stdout
+    # exported in the background from hard-link snapshots (keep-last-N may delete a checkpoint meanwhile)
+    assert "cannot hard-link" not in proc.stdout and "hf_zero3: WARNING" not in proc.stdout, proc.stdout[-4000:]
+    assert list(out.glob(".hub-export-*")) == []
 
 
 def test_the_token_reaches_the_hub_and_nothing_else(reference, hub):
