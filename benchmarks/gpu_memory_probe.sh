@@ -3,7 +3,8 @@
 # random weights, seq 4096, micro batch 1 x accumulation 4) on 2 GPUs, 3 steps per variant, each run under
 # benchmarks/memory_probe.py. Run from the repository root on a 2-GPU box.
 # Usage: [PROBE_TAR=results.tgz] bash benchmarks/gpu_memory_probe.sh OUT_DIR VARIANT...
-#   VARIANT: zero2, zero2_ckpt, zero3, zero3_ckpt, zero3_offload_opt, zero3_offload_all
+#   VARIANT: zero2, zero2_ckpt, zero3, zero3_ckpt, zero3_offload_opt, zero3_offload_all; and, to check the
+#   planner outside the shapes it was calibrated on: zero3_seq6144 (block 6144), zero3_ckpt_micro2 (micro 2 x 2)
 set -uo pipefail
 out=$1; shift
 mkdir -p "$out"
@@ -17,7 +18,7 @@ LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num
             tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
 PY
 for variant in "$@"; do
-  ckpt=false
+  ckpt=false block=4096 micro=1 accum=4
   case $variant in
     zero2) config=ds_configs/zero2.json ;;
     zero2_ckpt) config=ds_configs/zero2.json; ckpt=true ;;
@@ -25,6 +26,8 @@ for variant in "$@"; do
     zero3_ckpt) config=recipes/8b/ds_config.json; ckpt=true ;;
     zero3_offload_opt) config=ds_configs/zero3_offload_optimizer.json ;;
     zero3_offload_all) config=ds_configs/zero3_offload_all.json ;;
+    zero3_seq6144) config=recipes/8b/ds_config.json; block=6144; accum=2 ;;
+    zero3_ckpt_micro2) config=recipes/8b/ds_config.json; ckpt=true; micro=2; accum=2 ;;
     *) echo "unknown variant $variant"; exit 2 ;;
   esac
   start=$(date +%s)
@@ -32,8 +35,8 @@ for variant in "$@"; do
     --deepspeed "$config" --gradient_checkpointing $ckpt --max_steps 3 --logging_steps 1 --save_strategy no \
     --report_to none --output_dir "outputs/probe-$variant" --overwrite_output_dir true \
     --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
-    --train_file assets/tiny/corpus/train.txt --block_size 4096 --per_device_train_batch_size 1 \
-    --gradient_accumulation_steps 4 > "$out/$variant.log" 2>&1
+    --train_file assets/tiny/corpus/train.txt --block_size $block --per_device_train_batch_size $micro \
+    --gradient_accumulation_steps $accum > "$out/$variant.log" 2>&1
   echo "$variant: exit $? in $(( $(date +%s) - start )) s"
   grep -E "memory_probe:|Error|error:" "$out/$variant.log" | tail -5
   if [ -n "${PROBE_TAR:-}" ]; then tar czf "$PROBE_TAR" -C "$out" .; fi  # one file back per call, even if cut short

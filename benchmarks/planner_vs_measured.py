@@ -1,5 +1,7 @@
-"""Predicted (hf_zero3.planner) vs measured (torch.cuda.max_memory_allocated) peak GPU memory for every
-GPU benchmark committed here. Regenerate the table with:  python benchmarks/planner_vs_measured.py
+"""Predicted (hf_zero3.planner) vs measured memory for every GPU run committed here: peak GPU memory
+(`torch.cuda.max_memory_allocated`, max over ranks and steps) for the `hf-zero3 bench` runs and the memory
+probes, and host RAM per node for the probes (MemTotal - MemAvailable, peak minus start; memory_probe.py).
+Regenerate the tables with:  python benchmarks/planner_vs_measured.py
 """
 
 from __future__ import annotations
@@ -9,44 +11,101 @@ from pathlib import Path
 
 from hf_zero3.models import load_shape
 from hf_zero3.planner import Hardware, Training, plan
+from hf_zero3.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
 from hf_zero3.spec import ZeroSpec
 
 HERE = Path(__file__).resolve().parent
 GiB = 1024**3
-BIG_BUCKETS = dict(reduce_bucket_size=500_000_000, prefetch_bucket_size=500_000_000,
-                   param_persistence_threshold=1_000_000, max_live_parameters=3_000_000_000)
+PROBES = "memory-probe_llama3-8b_2xH200_2026-11-30"
+BIG_BUCKETS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 500_000_000,
+               "param_persistence_threshold": 1_000_000, "max_live_parameters": 3_000_000_000}
 H200X2 = Hardware(nodes=1, gpus_per_node=2, gpu_mem=141 * 10**9, host_ram=None)
 SEQ4096 = Training(seq_len=4096, micro_batch=1, grad_accum=4)
-CASES = [
-    # (benchmark jsonl, variant, model, hardware, training, spec, what ran)
-    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
-     ZeroSpec(precision="bf16"), "ZeRO-3, auto buckets"),
-    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "stock", "8b", H200X2, SEQ4096,
-     ZeroSpec(precision="bf16", activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
-    ("llama3-8b-zero3_big_buckets_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
-     ZeroSpec(precision="bf16", **BIG_BUCKETS), "ZeRO-3, 5e8 buckets"),
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096,
-     ZeroSpec(precision="bf16", **BIG_BUCKETS), "ZeRO-3, 5e8 buckets (recipe 8b v1)"),
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", "8b", H200X2, SEQ4096,
-     ZeroSpec(precision="bf16", activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
-    ("llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", "8b", H200X2, SEQ4096, ZeroSpec(stage=2, precision="bf16"),
-     "ZeRO-2"),
+SCRATCH = Training(seq_len=4096, micro_batch=1, grad_accum=4, load_bytes=4)  # built from a config: fp32 at load
+RECIPE_8B = RECIPE_CONFIGS["8b"].model_dump(exclude_unset=True)
+
+
+def _spec(base: dict | ZeroSpec, **changes) -> ZeroSpec:
+    fields = base.model_dump(exclude_unset=True) if isinstance(base, ZeroSpec) else base
+    return ZeroSpec(**{**fields, "precision": "bf16", **changes})
+
+
+BENCH_CASES = [
+    # (benchmark jsonl, variant, hardware, training, spec, what ran)
+    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({}),
+     "ZeRO-3, auto buckets"),
+    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096,
+     _spec({}, activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
+    ("llama3-8b-zero3_big_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(BIG_BUCKETS),
+     "ZeRO-3, 5e8 buckets"),
+    ("llama3-8b_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(BIG_BUCKETS),
+     "ZeRO-3, 5e8 buckets (recipe 8b v1)"),
+    ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096, _spec({}, activation_checkpointing=True),
+     "ZeRO-3 + checkpointing (stock template)"),
+    ("llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({"stage": 2}), "ZeRO-2"),
+]
+PROBE_CASES = [
+    # (probe variant, training, spec, what ran): benchmarks/gpu_memory_probe.sh
+    ("zero2", SCRATCH, _spec(STANDALONE_CONFIGS["zero2"]), "ZeRO-2"),
+    ("zero2_ckpt", SCRATCH, _spec(STANDALONE_CONFIGS["zero2"], activation_checkpointing=True),
+     "ZeRO-2 + checkpointing"),
+    ("zero3", SCRATCH, _spec(RECIPE_8B), "ZeRO-3, 5e8 buckets (recipe 8b)"),
+    ("zero3_ckpt", SCRATCH, _spec(RECIPE_8B, activation_checkpointing=True), "ZeRO-3 + checkpointing"),
+    ("zero3_offload_opt", SCRATCH, _spec(STANDALONE_CONFIGS["zero3_offload_optimizer"]),
+     "ZeRO-3 + optimizer offload (cpu)"),
+    ("zero3_offload_all", SCRATCH, _spec(STANDALONE_CONFIGS["zero3_offload_all"]),
+     "ZeRO-3 + optimizer and param offload (cpu)"),
+    # Predicted before they ran, with the calibrated planner: shapes outside the calibration runs.
+    ("zero3_seq6144", Training(6144, 1, 2, load_bytes=4), _spec(RECIPE_8B), "ZeRO-3, seq 6144 (after calibration)"),
+    ("zero3_ckpt_micro2", Training(4096, 2, 2, load_bytes=4), _spec(RECIPE_8B, activation_checkpointing=True),
+     "ZeRO-3 + checkpointing, micro batch 2 (after calibration)"),
 ]
 
 
-def measured_peak_gib(jsonl: str, variant: str) -> float:
+def bench_peak_gib(jsonl: str, variant: str) -> float:
     rows = [json.loads(line) for line in (HERE / jsonl).read_text().splitlines()]
     return max(r["gpu_peak_allocated_gb"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gb" in r)
 
 
-def table() -> str:
-    lines = ["| benchmark | config | predicted GiB | measured GiB | error |", "|---|---|---|---|---|"]
-    for jsonl, variant, model, hardware, training, spec, what in CASES:
-        predicted = plan(load_shape(model), hardware, training, spec).gpu_allocated_bytes / GiB
-        measured = measured_peak_gib(jsonl, variant)
+def probe(variant: str) -> dict:
+    """The probe's ranks: GPU peak as the max over ranks; host RAM from local rank 0 (it samples the node)."""
+    ranks = [json.loads(p.read_text()) for p in sorted((HERE / PROBES).glob(f"{variant}_rank*.json"))]
+    host = next(r["host_node"] for r in ranks if "host_node" in r)
+    return {"gpu_gib": max(r["max_memory_allocated_gib"] for r in ranks),
+            "host_gib": host["peak_minus_baseline_gib"]}
+
+
+def _err(predicted: float, measured: float) -> str:
+    return f"{(predicted - measured) / measured:+.1%}"
+
+
+def gpu_table() -> str:
+    lines = ["| run | config | predicted GiB | measured GiB | error |", "|---|---|---|---|---|"]
+    for jsonl, variant, hardware, training, spec, what in BENCH_CASES:
+        predicted = plan(load_shape("8b"), hardware, training, spec).gpu_allocated_bytes / GiB
+        measured = bench_peak_gib(jsonl, variant)
         lines.append(f"| {jsonl.removesuffix('.jsonl')} ({variant}) | {what} | {predicted:.1f} | {measured:.1f} | "
-                     f"{(predicted - measured) / measured:+.1%} |")
+                     f"{_err(predicted, measured)} |")
+    for variant, training, spec, what in PROBE_CASES:
+        predicted = plan(load_shape("8b"), H200X2, training, spec).gpu_allocated_bytes / GiB
+        measured = probe(variant)["gpu_gib"]
+        lines.append(f"| {PROBES}/{variant} | {what} | {predicted:.1f} | {measured:.1f} | "
+                     f"{_err(predicted, measured)} |")
     return "\n".join(lines) + "\n"
+
+
+def host_table() -> str:
+    lines = ["| run | config | predicted GiB/node | measured GiB/node | error |", "|---|---|---|---|---|"]
+    for variant, training, spec, what in PROBE_CASES:
+        predicted = plan(load_shape("8b"), H200X2, training, spec).host_bytes / GiB
+        measured = probe(variant)["host_gib"]
+        lines.append(f"| {PROBES}/{variant} | {what} | {predicted:.1f} | {measured:.1f} | "
+                     f"{_err(predicted, measured)} |")
+    return "\n".join(lines) + "\n"
+
+
+def table() -> str:
+    return gpu_table() + "\n" + host_table()
 
 
 if __name__ == "__main__":

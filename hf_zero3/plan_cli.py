@@ -87,9 +87,13 @@ def _rows(choice) -> list:
     return list(rows.values())
 
 
+PHASE_TAGS = {"always": "", "backward": " [backward]", "step": " [optimizer step]"}
+"""GPU terms of one phase never coexist with the other's: the total counts the larger phase only."""
+
+
 def _terms_json(plan) -> dict:
     return {where: [{"name": t.name, "bytes": t.bytes, "formula": t.formula, "kind": t.kind,
-                     **({"allocator": t.allocator} if where == "gpu" else {})} for t in terms]
+                     **({"allocator": t.allocator, "phase": t.phase} if where == "gpu" else {})} for t in terms]
             for where, terms in plan.breakdown.items()}
 
 
@@ -146,9 +150,12 @@ def _print_tables(shape, hardware, seq_len, choice, out) -> None:
         out("")
         out(f"{title + (f' (of {gb(limit)})' if limit else ''):54} {'GB':>9}  formula")
         for term in terms:
-            out(f"  {term.name:52} {term.bytes / 1e9:9.2f}  {term.formula}")
-        extra = (f"  (torch.cuda.max_memory_allocated predicted: {gb(shown.gpu_allocated_bytes)})"
-                 if where == "gpu" else "")
+            name = term.name + PHASE_TAGS[term.phase] if where == "gpu" else term.name
+            out(f"  {name:52} {term.bytes / 1e9:9.2f}  {term.formula}")
+        extra = ""
+        if where == "gpu":
+            extra = (f"  held throughout + the {PHASE_TAGS[shown.peak_phase].strip()} terms (the larger phase); "
+                     f"torch.cuda.max_memory_allocated predicted: {gb(shown.gpu_allocated_bytes)}")
         out(f"  {'total':52} {shown.total(where) / 1e9:9.2f}{extra}")
 
 

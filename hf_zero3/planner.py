@@ -21,14 +21,18 @@ from hf_zero3.presets import STANDALONE_CONFIGS
 from hf_zero3.spec import ZeroSpec
 
 GB = 10**9
-CUDA_CONTEXT_BYTES = int(1.5 * GB)
-"""CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees (assumption)."""
-GPU_MARGIN = 0.10
-"""Allocator fragmentation (reserved minus allocated), as a fraction of what is allocated (assumption)."""
-HOST_PER_RANK_BYTES = 3 * GB
-"""Resident memory of one training process: Python, torch, CUDA and NCCL libraries (assumption)."""
-HOST_MARGIN = 0.10
-"""Host allocator, page cache and OS headroom, as a fraction of the host total (assumption)."""
+CUDA_CONTEXT_BYTES = 3 * GB
+"""CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees. Measured as NVML
+used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks/README.md); more ranks mean more NCCL buffers."""
+GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
+"""Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
+on 2 x H200 (benchmarks/README.md): ZeRO-3 9-16%, ZeRO-2 17-23% (its optimizer step makes and frees
+partition-sized copies of the gradients, which fragment the cache)."""
+HOST_PER_RANK_BYTES = int(6.5 * GB)
+"""Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
+DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
+HOST_MARGIN = 0.05
+"""Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
@@ -82,11 +86,16 @@ class Training:
     grad_accum: int = 1
     attention: Attention = "sdpa"
     """sdpa and flash_attention_2 keep O(seq) per head; eager keeps the seq x seq scores."""
+    load_bytes: int | None = None
+    """Bytes per parameter as the weights are loaded on the host: None = the training precision (a pretrained
+    16-bit checkpoint); 4 for a model built from a config (from scratch: transformers initializes in fp32)."""
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.load_bytes not in (None, 2, 4):
+            raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
         if self.attention not in ("sdpa", "flash_attention_2", "eager"):
             raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
 
@@ -108,6 +117,9 @@ class Term:
     """state: params, grads, master weights, optimizer (what DeepSpeed's estimator models); the rest are not."""
     allocator: bool = True
     """GPU terms only: False for memory `torch.cuda.max_memory_allocated` does not count."""
+    phase: Literal["always", "backward", "step"] = "always"
+    """GPU terms only: "always" is held throughout; "backward" (activations, gathered parameters) and "step"
+    (the optimizer step's fp32 gradients) never coexist, so the peak is always + the larger of the two."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,19 @@ class Plan:
     notes: tuple[str, ...] = ()
 
     def total(self, where: str) -> int:
-        return sum(t.bytes for t in self.terms if t.where == where)
+        """Bytes needed at `where`; on the GPU, at the peak: only the larger phase counts (`phase_total`)."""
+        if where != "gpu":
+            return sum(t.bytes for t in self.terms if t.where == where)
+        return self.gpu_allocated_bytes + sum(t.bytes for t in self.terms if t.where == "gpu" and not t.allocator)
+
+    def phase_total(self, phase: str) -> int:
+        """Allocator-visible GPU bytes of one phase ("always", "backward" or "step")."""
+        return sum(t.bytes for t in self.terms if t.where == "gpu" and t.allocator and t.phase == phase)
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase at which the GPU peaks: "backward" or "step"."""
+        return "step" if self.phase_total("step") > self.phase_total("backward") else "backward"
 
     def model_states(self, where: str) -> int:
         """Params, grads, master weights and optimizer states at `where`: what DeepSpeed's estimator models."""
@@ -135,8 +159,8 @@ class Plan:
 
     @property
     def gpu_allocated_bytes(self) -> int:
-        """The prediction of `torch.cuda.max_memory_allocated()` on one rank."""
-        return sum(t.bytes for t in self.terms if t.where == "gpu" and t.allocator)
+        """The prediction of `torch.cuda.max_memory_allocated()` on one rank: always + the larger phase."""
+        return self.phase_total("always") + max(self.phase_total("backward"), self.phase_total("step"))
 
     @property
     def host_bytes(self) -> int:
@@ -245,10 +269,11 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     terms: list[Term] = []
     notes: list[str] = []
 
-    def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True):
+    def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True,
+            phase: str = "always"):
         if where in ("host", "nvme"):
-            per_rank, formula = per_rank * g, f"({formula}) x {g} GPUs/node"
-        terms.append(Term(name, where, int(per_rank), formula, kind, allocator))
+            per_rank, formula, phase = per_rank * g, f"({formula}) x {g} GPUs/node", "always"
+        terms.append(Term(name, where, int(per_rank), formula, kind, allocator, phase))
 
     place = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
     # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
@@ -258,11 +283,22 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add(place[opt], "fp32 master weights + Adam m, v", 12 * state_n, f"(4 + 8) B x {shard(state_n)}")
     sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n
     add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n else ""), 4 * sub_group,
-        f"4 B x {shard(state_n)}" if sub_group == state_n else f"4 B x sub_group_size {_count(sub_group)}")
+        f"4 B x {shard(state_n)}" if sub_group == state_n else f"4 B x sub_group_size {_count(sub_group)}",
+        phase="step")
+    if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
+        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n)}",
+            "buffer", phase="step")
+    if stage == 2 and opt == "none" and W > 1:
+        add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
+            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8 (benchmarks/README.md)", "buffer",
+            phase="backward")
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
         add("host", "optimizer NVMe swap buffers (pinned)", swap,
             f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W)", "buffer")
+    if prm == "cpu":
+        add("host", f"parameters, {8 * b}-bit, defragmentation copy", b * param_n,
+            f"{b} B x {shard(param_n)}: made once at start; the pinned cache keeps it (measured)", "buffer")
     if prm == "nvme":
         count, size = spec.offload_param.buffer_count, spec.offload_param.buffer_size
         add("host", "param NVMe swap buffers (pinned)", count * size * b, f"{count} x {_count(size)} x {b} B",
@@ -278,9 +314,9 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         live = min(P, max(spec.max_live_parameters, shape.largest_module_params + prefetch))
         add("gpu", "gathered params (live)", b * live,
             f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
-            f" + prefetch {_count(prefetch)} if larger, at most P", "buffer")
+            f" + prefetch {_count(prefetch)} if larger, at most P", "buffer", phase="backward")
         add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
-            f"{b} B x {_count(shape.largest_module_params)}", "buffer")
+            f"{b} B x {_count(shape.largest_module_params)}", "buffer", phase="backward")
     reduce_bucket = _resolve(spec.reduce_bucket_size, H * H)
     add("gpu", "reduce bucket", b * reduce_bucket, f"{b} B x {_count(reduce_bucket)}", "buffer")
     # Activations of one micro batch.
@@ -289,26 +325,28 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     final_norm = 4 * H + 2 * b * H
     if spec.activation_checkpointing:
         add("gpu", "activations: checkpointed layer inputs", t * (L * b * H + final_norm),
-            f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation")
+            f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
         work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
     else:
         add("gpu", f"activations: {L} layers stored", t * (L * per_layer + final_norm),
             f"{t} tokens x ({L} x {per_layer} B/layer ({training.attention}) + final norm {final_norm} B)",
-            "activation")
+            "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
     logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
     add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {shape.vocab}",
-        "activation")
+        "activation", phase="backward")
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
-        f"{t} tokens x max(0, {work_text} - {logits} B)", "activation")
-    allocated = sum(x.bytes for x in terms if x.where == "gpu")
-    add("gpu", "allocator fragmentation margin", GPU_MARGIN * allocated, f"{GPU_MARGIN:.0%} of allocated",
+        f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
+    allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
+    margin = GPU_MARGIN[stage]
+    add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
         "overhead", False)
-    add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "fixed estimate", "overhead", False)
+    add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "measured: NVML used - torch reserved", "overhead",
+        False)
     # Host RAM per node beyond offloaded states.
     add("host", "training processes", HOST_PER_RANK_BYTES, f"{gb(HOST_PER_RANK_BYTES)} per rank", "overhead")
-    loading = shape.largest_module_params if stage == 3 else P
-    add("host", "loading weights", b * loading, f"{b} B x {_count(loading)}"
+    loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
+    add("host", "loading weights", load_b * loading, f"{load_b} B x {_count(loading)}"
         + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
     host = sum(x.bytes for x in terms if x.where == "host")
     terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))

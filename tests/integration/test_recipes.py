@@ -130,8 +130,8 @@ def test_make_plan_70b_on_a_machine_without_gpus():
     assert "  gradient_checkpointing: True" in out  # the resolved TrainingArguments
     assert "ds_config recipes/70b/ds_config.json: 0 finding(s) for world size 8" in out
     assert "hardware  1 node(s) x 8 GPUs x 40.0 GB" in out
-    assert ("recipe    70b: ZeRO-3 + offload optimizer (cpu) + checkpointing, micro batch 1: 33.2 GB per GPU, "
-            "1,396.8 GB host RAM per node: fits (the planner's choice)") in out
+    assert ("recipe    70b: ZeRO-3 + offload optimizer (cpu) + checkpointing, micro batch 1: 36.1 GB per GPU, "
+            "1,362.7 GB host RAM per node: fits (the planner's choice)") in out
 
 
 def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
@@ -141,7 +141,7 @@ def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
     assert not (tmp_path / "hosts").exists()  # a dry run writes nothing
     assert (f"deepspeed --hostfile={tmp_path / 'hosts'} --num_nodes=2 --num_gpus=4 --master_port=29500 train.py "
             "recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json") in proc.stdout
-    assert "33.2 GB per GPU, 698.4 GB host RAM per node: fits" in proc.stdout
+    assert "36.1 GB per GPU, 681.3 GB host RAM per node: fits" in proc.stdout
 
 
 def test_make_plan_fails_when_the_recipe_does_not_fit_the_gpus_asked_for():
