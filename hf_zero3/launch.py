@@ -378,6 +378,8 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
     argv = ["--model", str(model), "--nodes", str(launch.nodes), "--gpus", str(launch.gpus), "--seq-len", str(seq),
             "--micro-batch", str(micro), "--global-batch", str(micro * accum * launch.world_size),
             "--precision", precision, "--attention", attention]
+    from_scratch = not values.get("model_name_or_path") or _flag(env, "FROM_CONFIG", [])
+    argv += ["--from-scratch"] if from_scratch else []
     argv += ["--gpu-mem", gpu_mem] if gpu_mem else []
     argv += ["--host-ram", env["HOST_RAM"]] if env.get("HOST_RAM", "").strip() else []
     print(f"plan      hf-zero3 plan {shlex.join(argv)}\n")
@@ -394,9 +396,10 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
         return max(rc, 1)
     fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
     spec = ZeroSpec(**{**fields, "precision": precision, "activation_checkpointing": bool(get("gradient_checkpointing"))})
-    ours = plan(shape, hardware, Training(seq, micro, accum, attention), spec)
+    load_bytes = 4 if from_scratch else None
+    ours = plan(shape, hardware, Training(seq, micro, accum, attention, load_bytes), spec)
     best = choose(shape, hardware, seq, global_batch=micro * accum * launch.world_size, micro_batch=micro,
-                  precision=precision, attention=attention).plan
+                  precision=precision, attention=attention, load_bytes=load_bytes).plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
     same = best is not None and best.label == ours.label
     print(f"\nrecipe    {recipe.name}: {ours.label}, micro batch {micro}: {gb(ours.gpu_bytes)} per GPU, "

@@ -400,7 +400,8 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
-               micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa") -> list[Plan]:
+               micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
+               load_bytes: int | None = None) -> list[Plan]:
     """Every configuration the planner considers, cheapest first."""
     plans = []
     for rung in _rungs(hardware, precision):
@@ -409,7 +410,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
-                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention), spec))
+                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes), spec))
     return sorted(plans, key=cost_key)
 
 
@@ -429,10 +430,13 @@ class Choice:
 
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
-           micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa") -> Choice:
-    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides."""
+           micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
+           load_bytes: int | None = None) -> Choice:
+    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides.
+
+    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config)."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
-              "attention": attention}
+              "attention": attention, "load_bytes": load_bytes}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     best = next((p for p in tried if p.fits), None)
     if best is not None:

@@ -167,3 +167,10 @@ def test_make_names_the_recipes_when_one_is_missing():
     proc = make("train-99b")
     assert proc.returncode != 0
     assert "error: no recipe recipes/99b/ (recipes: 13b 70b 7b 8b tiny)" in proc.stderr
+
+
+def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():
+    proc = make("plan-tiny", GPU_MEM="8GB")  # the tiny recipe builds its model from a config
+    assert proc.returncode == 0, explain(proc)
+    assert "--precision fp32 --attention sdpa --from-scratch --gpu-mem 8GB" in proc.stdout
+    assert "recipe    tiny: ZeRO-3, micro batch 8:" in proc.stdout

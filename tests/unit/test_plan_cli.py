@@ -99,3 +99,16 @@ def test_bad_size_is_an_argparse_error(capsys):
 def test_no_gpu_here_asks_for_the_target_gpus(capsys):
     assert main(["plan", "--model", "7b"]) == 2
     assert "no GPU found on this machine: pass --gpus N and --gpu-mem SIZE" in capsys.readouterr().err
+
+
+def test_from_scratch_plans_fp32_loading_on_every_zero2_rank(capsys):
+    """A model built from a config is initialized in fp32: below ZeRO-3 every rank holds 4 B/param at start."""
+    argv = ["plan", "--model", "7b", "--gpus", "8", "--gpu-mem", "80GB", "--global-batch", "64", "--seq-len", "4096",
+            "--json"]
+    assert main(argv) == 0
+    pretrained = json.loads(capsys.readouterr().out)["choice"]
+    assert main([*argv, "--from-scratch"]) == 0
+    scratch = json.loads(capsys.readouterr().out)["choice"]
+    assert pretrained["option"] == scratch["option"] == "ZeRO-2"
+    params = 6_738_415_616
+    assert scratch["host_bytes"] - pretrained["host_bytes"] == pytest.approx(1.05 * 8 * 2 * params, rel=1e-6)
