@@ -144,6 +144,10 @@ def _print_tables(shape, hardware, seq_len, choice, out) -> None:
         out(f"closest   {shown.label} (micro batch {shown.training.micro_batch}): " + "; ".join(shown.problems()))
     for note in shown.notes:
         out(f"note      {note}")
+    if "gpu_mem" not in hardware.detected and hardware.gpu_mem % 10**9 == 0:
+        size = hardware.gpu_mem // 10**9
+        out(f"note      {size}GB is {size} x 10^9 bytes; a GPU sold as {size}GB has about {size} GiB "
+            f"({size * 2**30 / 1e9:.1f} GB, what torch reports): pass --gpu-mem {size}GiB to plan for all of it")
     limits = {"gpu": ("per GPU", hardware.gpu_mem), "host": ("host RAM per node", hardware.host_ram),
               "nvme": ("NVMe per node", hardware.nvme_free)}
     for where, terms in shown.breakdown.items():

@@ -37,6 +37,8 @@ def test_seed_command_table(capsys):
                  "CUDA context + NCCL buffers", "fp32 master weights + Adam m, v", "torch.cuda.max_memory_allocated"):
         assert term in out
     assert "--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}'" in out
+    assert "activations: checkpointed layer inputs [backward]" in out and "[optimizer step]" not in out  # offloaded
+    assert "pass --gpu-mem 40GiB to plan for all of it" in out  # an A100-40GB has 40 GiB
 
 
 def test_two_nodes_json_and_written_config(capsys, tmp_path):
