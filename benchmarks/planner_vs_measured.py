@@ -75,32 +75,28 @@ def probe(variant: str) -> dict:
             "host_gib": host["peak_minus_baseline_gib"]}
 
 
-def _err(predicted: float, measured: float) -> str:
-    return f"{(predicted - measured) / measured:+.1%}"
+def _row(run: str, what: str, predicted_bytes: int, measured_gib: float) -> str:
+    predicted = predicted_bytes / GiB
+    return f"| {run} | {what} | {predicted:.1f} | {measured_gib:.1f} | {(predicted - measured_gib) / measured_gib:+.1%} |"
 
 
 def gpu_table() -> str:
     lines = ["| run | config | predicted GiB | measured GiB | error |", "|---|---|---|---|---|"]
     for jsonl, variant, hardware, training, spec, what in BENCH_CASES:
-        predicted = plan(load_shape("8b"), hardware, training, spec).gpu_allocated_bytes / GiB
-        measured = bench_peak_gib(jsonl, variant)
-        lines.append(f"| {jsonl.removesuffix('.jsonl')} ({variant}) | {what} | {predicted:.1f} | {measured:.1f} | "
-                     f"{_err(predicted, measured)} |")
+        predicted = plan(load_shape("8b"), hardware, training, spec).gpu_allocated_bytes
+        lines.append(_row(f"{jsonl.removesuffix('.jsonl')} ({variant})", what, predicted,
+                          bench_peak_gib(jsonl, variant)))
     for variant, training, spec, what in PROBE_CASES:
-        predicted = plan(load_shape("8b"), H200X2, training, spec).gpu_allocated_bytes / GiB
-        measured = probe(variant)["gpu_gib"]
-        lines.append(f"| {PROBES}/{variant} | {what} | {predicted:.1f} | {measured:.1f} | "
-                     f"{_err(predicted, measured)} |")
+        predicted = plan(load_shape("8b"), H200X2, training, spec).gpu_allocated_bytes
+        lines.append(_row(f"{PROBES}/{variant}", what, predicted, probe(variant)["gpu_gib"]))
     return "\n".join(lines) + "\n"
 
 
 def host_table() -> str:
     lines = ["| run | config | predicted GiB/node | measured GiB/node | error |", "|---|---|---|---|---|"]
     for variant, training, spec, what in PROBE_CASES:
-        predicted = plan(load_shape("8b"), H200X2, training, spec).host_bytes / GiB
-        measured = probe(variant)["host_gib"]
-        lines.append(f"| {PROBES}/{variant} | {what} | {predicted:.1f} | {measured:.1f} | "
-                     f"{_err(predicted, measured)} |")
+        predicted = plan(load_shape("8b"), H200X2, training, spec).host_bytes
+        lines.append(_row(f"{PROBES}/{variant}", what, predicted, probe(variant)["host_gib"]))
     return "\n".join(lines) + "\n"
 
 
