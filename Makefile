@@ -62,9 +62,10 @@ sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsy
 	@test -f "$(HOSTFILE)" || { echo "error: HOSTFILE=$(HOSTFILE) does not exist" >&2; exit 2; }
 	@hosts=$$(sed -e 's/#.*//' "$(HOSTFILE)" | awk 'NF {print $$1}'); \
 	test -n "$$hosts" || { echo "error: $(HOSTFILE) lists no hosts" >&2; exit 2; }; \
+	rsh=$$(echo ssh $${SSH_PORT:+-p $$SSH_PORT} $${PDSH_SSH_ARGS_APPEND:-}); \
 	for host in $$hosts; do \
 	  echo "sync $(CURDIR)/ -> $$host:$(CURDIR)/"; \
-	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e "ssh $${SSH_PORT:+-p $$SSH_PORT} $${PDSH_SSH_ARGS_APPEND:-}" ./ "$$host:$(CURDIR)/" || exit 1; \
+	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e "$$rsh" ./ "$$host:$(CURDIR)/" || exit 1; \
 	done
 	source $(BIN)/activate && hf-zero3 doctor --hostfile "$(HOSTFILE)" --skip versions --skip native --skip gpus \
 	  --skip ops --skip nvme --skip allreduce $${SSH_PORT:+--ssh-port $$SSH_PORT}

@@ -26,7 +26,10 @@ class ScriptArguments:
 def main():
     if not torch.cuda.is_available():  # CPU: DeepSpeed must see the gloo world before TrainingArguments
         import deepspeed
+
+        from hf_zero3.distributed import release_shm_buffer_names
         deepspeed.init_distributed(dist_backend="gloo")
+        release_shm_buffer_names()  # DeepSpeed's CPU all-reduce would leave its buffers in /dev/shm
     script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     if script.from_scratch:  # created after TrainingArguments: ZeRO-3 partitions the weights as they are made

@@ -119,3 +119,16 @@ def test_accelerate_launch_runs_the_same_entry_point(tmp_path):
     assert proc.returncode == 0, explain(proc)
     assert "ZeRO stage 3 | world size 2 |" in proc.stdout
     assert (out / "model.safetensors").is_file()
+
+
+def test_no_shared_memory_buffer_is_left_in_dev_shm(launcher_run):
+    """DeepSpeed's CPU all-reduce never unlinks its /dev/shm buffers (~69 MB per rank, per run, until reboot);
+    hf_zero3.distributed.release_shm_buffer_names removes the names once every rank has mapped them."""
+    import re
+
+    from hf_zero3.distributed import SHM_DIR
+
+    proc, _ = launcher_run
+    assert "deepspeed_shm_comm_op" in proc.stdout + proc.stderr  # the SHM all-reduce was in use
+    port = re.search(r"--master_port=(\d+)", proc.stdout).group(1)
+    assert not list(SHM_DIR.glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
