@@ -1,8 +1,8 @@
 """Where a training run's peak GPU memory goes, and how much host RAM its node used: the measurements
 behind the planner's calibration (benchmarks/README.md, "Planner: predicted vs measured").
 
-It runs `hf_zero3.train` unchanged, with two additions: the CUDA caching allocator records its history
-(python stacks) from before the model is built, and local rank 0 samples /proc/meminfo. At the end of
+It runs `hf_zero3.train` with two additions: the CUDA caching allocator records its history (python
+stacks) from before the model is built, and local rank 0 samples /proc/meminfo. At the end of
 training each rank replays its allocator trace to the moment of its peak and writes, to
 PROBE_OUT/probe_rank<R>.json, what was live then, grouped by the source line that allocated it (autograd's
 C++ backward has no python frame: "backward (autograd engine)"). Host RAM "used" is MemTotal - MemAvailable,
@@ -168,12 +168,9 @@ def main(argv: list[str]) -> int:
     baseline = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python", context="alloc")
 
-    from hf_zero3 import callbacks, train
+    from hf_zero3 import train
 
-    default_callbacks = callbacks.default_callbacks
-    probe = _probe_callback(out, sampler, baseline)
-    callbacks.default_callbacks = lambda *a, **k: [*default_callbacks(*a, **k), probe]
-    return train.main(argv)
+    return train.main(argv, extra_callbacks=[_probe_callback(out, sampler, baseline)])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,8 +291,8 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
     path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
 
 
-def run(argv: list[str]) -> dict[str, float]:
-    """Parse, set up, train, save; returns the final metrics."""
+def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
+    """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
     from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
 
     from hf_zero3.callbacks import (
@@ -320,7 +321,7 @@ def run(argv: list[str]) -> dict[str, float]:
     train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
                                                  max_positions=model.config.max_position_embeddings)
     try:
-        callbacks = default_callbacks(training_args, seq_len=data_args.block_size)
+        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size), *extra_callbacks]
     except CheckpointError as e:  # e.g. push_to_hub without a usable hub_model_id
         raise UsageError(str(e)) from e
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
@@ -371,7 +372,7 @@ def run(argv: list[str]) -> dict[str, float]:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
         from transformers import HfArgumentParser
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     try:
-        run(argv)
+        run(argv, extra_callbacks)
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)

@@ -43,6 +43,16 @@ def losses(output_dir: Path) -> list[float]:
     return [r["loss"] for r in train_log(output_dir) if "loss" in r]
 
 
+@pytest.fixture
+def single_rank_env(monkeypatch):
+    """Rank variables present, so an in-process `hf_zero3.train.main` leaves the process environment alone."""
+    from hf_zero3.distributed import free_port
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.fixture(autouse=True)
 def _reset_hf_deepspeed_state():
     yield

@@ -1,4 +1,5 @@
-"""Callback arithmetic that needs no training run: FLOPs, MFU peaks, install order."""
+"""Callback arithmetic that needs no training run (FLOPs, MFU peaks, install order), and one short in-process run
+that hands `hf_zero3.train` an extra callback."""
 
 from __future__ import annotations
 
@@ -67,3 +68,24 @@ def test_install_puts_ours_after_printers_and_before_integrations():
     install_callbacks(trainer, ours)
     kinds = [type(cb).__name__ for cb in handler.callbacks]
     assert kinds == ["DefaultFlowCallback", "ProgressCallback", "MemoryCallback", "JsonlLogCallback", "Integration"]
+
+
+def test_train_runs_extra_callbacks(single_rank_env, tmp_path):
+    """`hf_zero3.train.main(argv, extra_callbacks=...)`: how a probe (benchmarks/memory_probe.py) joins a real run."""
+    from transformers import TrainerCallback
+
+    from hf_zero3.train import main
+    from tests.conftest import TINY_YAML
+
+    class Recorder(TrainerCallback):
+        def __init__(self):
+            self.steps = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.steps.append(state.global_step)
+
+    recorder = Recorder()
+    argv = [str(TINY_YAML), "--deepspeed", "null", "--max_steps", "2", "--save_strategy", "no",
+            "--output_dir", str(tmp_path / "run")]
+    assert main(argv, extra_callbacks=[recorder]) == 0
+    assert recorder.steps == [1, 2]

@@ -7,17 +7,10 @@ import shutil
 
 import pytest
 
-from hf_zero3.distributed import free_port
 from hf_zero3.train import load_arguments, main
 from tests.conftest import ROOT, TINY_YAML
 
-
-@pytest.fixture(autouse=True)
-def single_rank_env(monkeypatch):
-    """Rank variables present, so the entry point leaves the process environment alone."""
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(key, value)
+pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 
 def train_fails(capsys, *overrides) -> str:
