@@ -1,10 +1,11 @@
-"""A plain Hugging Face Trainer script, no hf_zero3 inside: our ds_configs work with `--deepspeed` as they are.
+"""A plain Hugging Face Trainer script: our ds_configs work with `--deepspeed` as they are.
 
     deepspeed --num_gpus 2 examples/plain_trainer.py --deepspeed ds_configs/zero3.json --bf16 true \
         --model assets/tiny/model --train_file assets/tiny/corpus/train.txt --output_dir outputs/plain
 
 On a CPU-only machine use ds_configs/zero3_auto.json (no bf16/fp16 needed) and `--use_cpu true`; the
-two lines marked CPU are what the stock stack needs there (hf-zero3 train does them for you).
+lines marked CPU are what the stock stack needs there (hf-zero3 train does them for you), the last one
+(our only import here) because DeepSpeed's CPU all-reduce would leave its buffers in /dev/shm.
 """
 
 from dataclasses import dataclass

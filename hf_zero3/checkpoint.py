@@ -38,6 +38,12 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def weights_gathered(ds_config: dict | None) -> bool:
+    """Whether a save writes full 16-bit weights: always, unless ZeRO-3 runs with 16-bit gathering off."""
+    zero = (ds_config or {}).get("zero_optimization", {})
+    return zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save"))
+
+
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Every `checkpoint-N` folder in output_dir, oldest step first, complete or not."""
     root = Path(output_dir)
@@ -131,7 +137,8 @@ def param_shapes(checkpoint: str | os.PathLike) -> tuple[dict[str, tuple[int, ..
     model_states, _ = model_states_files(tag_dir, 0)
     if not model_states:
         raise CheckpointError(f"{checkpoint}: no model_states file of rank 0 in {tag_dir.name}")
-    state = torch.load(model_states[0], map_location="cpu", weights_only=True)
+    # mmap: below ZeRO-3 this file holds the whole 16-bit model; only its metadata is read here
+    state = torch.load(model_states[0], map_location="cpu", weights_only=True, mmap=True)
     shapes = {name: tuple(shape) for group in state["param_shapes"] for name, shape in group.items()}
     shapes.update({name: tuple(shape) for name, shape in (state.get("frozen_param_shapes") or {}).items()})
     return shapes, dict(state.get("shared_params") or {})
@@ -188,9 +195,8 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> list[str]:
     if not shards or _zip_problem(shards[0]):
         return [f"rank 0: no readable model_states shard in {tag_dir.name}"]
     try:
-        states = torch.load(shards[0], map_location="cpu", weights_only=True)
-        zero = (states.get("ds_config") or {}).get("zero_optimization", {})
-        gathered = zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save"))
+        states = torch.load(shards[0], map_location="cpu", weights_only=True, mmap=True)
+        gathered = weights_gathered(states.get("ds_config"))
         for rank in range(states["dp_world_size"]):
             problems += verify_rank_files(checkpoint, rank, states["dp_world_size"])
         problems += verify_shared_files(checkpoint, weights=gathered)

@@ -30,7 +30,8 @@ def cuda_available() -> bool:
 
 
 class LaunchError(ValueError):
-    """The processes were started in a way we cannot join into one job; the message names the fix."""
+    """Launch settings, or a way of starting the processes, that cannot work; one line per problem, each naming
+    its fix."""
 
 
 MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")

@@ -22,8 +22,10 @@ import shutil
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from hf_zero3.distributed import LaunchError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOSTFILE = "outputs/hostfile"
@@ -58,10 +60,6 @@ ENV_HELP = """environment:
   DEEPSPEED      the launcher program (default: deepspeed)"""
 
 
-class LaunchError(ValueError):
-    """Launch settings that cannot work; one line per problem, each naming its fix."""
-
-
 @dataclass(frozen=True)
 class Target:
     """A recipe's target hardware: the defaults for NUM_NODES, NUM_GPUS and GPU_MEM."""
@@ -94,7 +92,6 @@ class Launch:
     """Hosts and slots to write into `hostfile` first (from HOSTS)."""
     remote_nodes: bool = False
     """DeepSpeed starts the other nodes from here (pdsh/MPI/slurm), so they need `.deepspeed_env`."""
-    notes: list[str] = field(default_factory=list)
 
 
 def _flag(env: Mapping[str, str], name: str, problems: list[str]) -> bool:

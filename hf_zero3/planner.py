@@ -570,13 +570,10 @@ def _cuda_count() -> int:
 
 
 def host_ram_bytes() -> int:
-    """Physical RAM of this machine (psutil if installed, else sysconf)."""
-    try:
-        import psutil
+    """Physical RAM of this machine."""
+    import psutil
 
-        return int(psutil.virtual_memory().total)
-    except ImportError:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(psutil.virtual_memory().total)
 
 
 def detect_hardware(nodes: int | None = None, gpus_per_node: int | None = None, gpu_mem: int | None = None,

@@ -301,7 +301,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
-    from hf_zero3.checkpoint import CheckpointError
+    from hf_zero3.checkpoint import CheckpointError, list_checkpoints
     from hf_zero3.data import build_datasets
 
     values = load_arguments(argv)
@@ -362,7 +362,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
-        checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        checkpoints = list_checkpoints(out)
         print(f"hf_zero3: final model: {out}", flush=True)
         if checkpoints:
             print(f"hf_zero3: last checkpoint: {checkpoints[-1]}", flush=True)

@@ -112,10 +112,7 @@ class CheckpointGuardCallback(TrainerCallback):
 
 def _gathers_weights(args) -> bool:
     """The Trainer writes full weights unless ZeRO-3 runs with 16-bit gathering off."""
-    if not args.deepspeed:
-        return True
-    zero = args.hf_deepspeed_config.config.get("zero_optimization", {})
-    return zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save"))
+    return not args.deepspeed or ckpt.weights_gathered(args.hf_deepspeed_config.config)
 
 
 def _hardware(args) -> dict:
