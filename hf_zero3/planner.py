@@ -26,7 +26,7 @@ CUDA_CONTEXT_BYTES = 3 * GB
 used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks/README.md); more ranks mean more NCCL buffers."""
 GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
 """Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
-on 2 x H200 (benchmarks/README.md): ZeRO-3 9-16%, ZeRO-2 17-23% (its optimizer step makes and frees
+on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
 partition-sized copies of the gradients, which fragment the cache)."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and

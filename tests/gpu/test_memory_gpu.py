@@ -1,5 +1,5 @@
 """GPU-only checks of the memory figures (marker `gpu`; skipped without CUDA). Run on a GPU box:
-`python -m pytest tests/gpu -m gpu`. Not yet run: no device time was left in the session that wrote them."""
+`python -m pytest tests/gpu -m gpu` (2 passed on 2 x H200, 2026-11-30)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_torch_figures_track_an_allocation_and_pinned_host_memory():
     pinned = torch.empty(64 * 1024**2, dtype=torch.uint8).pin_memory()  # 64 MiB
     after = gpu_memory()
     assert after["gpu_allocated_gb"] - before["gpu_allocated_gb"] == pytest.approx(0.25, abs=0.01)
-    assert after["gpu_peak_allocated_gb"] >= after["gpu_allocated_gb"]
+    assert after["gpu_peak_allocated_gb"] >= before["gpu_allocated_gb"] + 0.24  # the peak saw the new block
     assert after["pinned_host_gb"] - before.get("pinned_host_gb", 0.0) >= 0.06
     del block, pinned
 

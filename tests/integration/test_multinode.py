@@ -11,18 +11,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hf_zero3.distributed import free_port
-from tests.conftest import ROOT, explain, losses, run, subprocess_env
+from tests.conftest import ROOT, VENV, explain, losses, make, run, subprocess_env
 
 pytestmark = pytest.mark.integration
 
 COMMON = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null"]
-VENV = Path(sys.executable).parent.parent
 
 
 def stand_in(folder: Path, name: str, body: str) -> None:
@@ -116,8 +114,7 @@ def test_make_sync_copies_the_checkout_to_every_host_then_the_doctor_compares_th
     stand_in(bin_dir, "rsync", "exit 0")
     stand_in(bin_dir, "ssh", 'while [[ "$1" == -o ]]; do shift 2; done; shift; exec bash -c "$*"')
     stand_in(bin_dir, "pdsh", "exit 0")  # the doctor checks the launcher's backend is installed
-    proc = run(["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", f"VENV={VENV}", "sync",
-                f"HOSTFILE={hosts}"], PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    proc = make("sync", f"HOSTFILE={hosts}", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert proc.returncode == 0, explain(proc)
     calls = [c.strip("\n").split("\n") for c in (bin_dir / "rsync.log").read_text().split("---") if c.strip()]
     assert [c[-1] for c in calls] == [f"node1:{ROOT}/", f"node2:{ROOT}/"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,13 @@ import yaml
 
 from hf_zero3.models import load_shape, with_changes
 from hf_zero3.presets import RECIPE_CONFIGS
-from tests.conftest import ROOT, explain, losses, run
+from tests.conftest import ROOT, explain, losses, make, run
 
 pytestmark = pytest.mark.integration
 
 RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir())
 SMALL = {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "head_dim": 16, "vocab": 1024}
 """The shrunk size; kv heads keep the recipe's kind of attention (grouped-query or not)."""
-VENV = Path(sys.executable).parent.parent
 
 
 def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
@@ -112,11 +110,6 @@ def test_offloaded_recipes_step_with_deepspeeds_cpu_adam(recipe_runs, name):
     assert saved["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     groups = saved["optimizer_state_dict"]["optimizer_state_dict"]["param_groups"]
     assert "bias_correction" in groups[0] and "foreach" not in groups[0]  # DeepSpeedCPUAdam's keys, not torch's
-
-
-def make(target: str, **env: str):
-    """`make <target>` with this interpreter's venv, setup taken as done (`-o`: nothing is installed)."""
-    return run(["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", f"VENV={VENV}", target], **env)
 
 
 def test_make_plan_70b_on_a_machine_without_gpus():

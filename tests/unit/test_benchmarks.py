@@ -7,11 +7,15 @@ import importlib.util
 from tests.conftest import ROOT
 
 
-def test_planner_table_in_benchmarks_readme_is_regenerated_from_the_records():
-    spec = importlib.util.spec_from_file_location("planner_vs_measured", ROOT / "benchmarks/planner_vs_measured.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.table() in (ROOT / "benchmarks/README.md").read_text(), \
+    return module
+
+
+def test_planner_table_in_benchmarks_readme_is_regenerated_from_the_records():
+    assert _load("planner_vs_measured").table() in (ROOT / "benchmarks/README.md").read_text(), \
         "run `python benchmarks/planner_vs_measured.py` and paste the table into benchmarks/README.md"
 
 
@@ -27,13 +31,6 @@ def test_summary_rows_in_benchmarks_readme_match_the_generated_reports():
     for tokens, mfu, peak in rows:
         assert any(t == tokens and m == mfu and abs(float(p) - float(peak)) <= 0.05 for t, m, p in measured), \
             (tokens, mfu, peak)
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_memory_probe_replays_the_allocator_trace_to_its_peak():
