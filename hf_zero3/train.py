@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import typing
 from collections.abc import Sequence
@@ -57,6 +58,10 @@ class TrainingArguments(transformers.TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
                                           "overwritten). Without it such a dir is refused."})
+    stop_after_nonfinite_steps: int = field(
+        default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
+                                     "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
+                                     "skipped on such steps either way)."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -172,46 +177,161 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
         raise UsageError(f"bad value: {e}") from e
 
 
-def _check_output_dir(output_dir: str, resume: str | None, overwrite: bool) -> str | None:
-    """Refuse to train over an earlier run unless asked; resolve `resume_from_checkpoint: auto` to the newest
-    *complete* checkpoint and remove half-written ones newer than the resume point (hf_zero3.checkpoint)."""
+FINISHED = "finished"
+"""`_start_point`'s answer when output_dir already holds this run, finished: nothing to train."""
+
+_CHECKPOINT_INTERNALS = ("rng_state", "optimizer.pt", "scheduler.pt", "scaler.pt", "latest", "zero_to_fp32.py",
+                         "hf_zero3_")
+"""Top-level checkpoint files that belong to resuming, not to the final model folder."""
+
+
+def _barrier() -> None:
     import torch.distributed as dist
 
-    from hf_zero3.checkpoint import CheckpointError, plan_resume, remove_checkpoint
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
-    path = Path(output_dir)
+
+def _verify_on_all_ranks(folder: Path) -> list[str]:
+    """Checksums of a marked checkpoint, each rank its share (all ranks call this in the same order)."""
+    import torch.distributed as dist
+
+    from hf_zero3.callbacks._gather import gather_from_ranks
+    from hf_zero3.checkpoint import verify_complete
+
+    on = dist.is_available() and dist.is_initialized()
+    mine = verify_complete(folder, dist.get_rank() if on else 0, dist.get_world_size() if on else 1)
+    return [p for record in gather_from_ranks({"problems": mine}) for p in record["problems"]]
+
+
+def _is_finished(record: dict | None, args) -> bool:
+    """Whether a finished record answers this command: same or lower max_steps, or the same epochs."""
+    if record is None:
+        return False
+    if args.max_steps > 0:
+        return record.get("global_step", -1) >= args.max_steps
+    return record.get("max_steps", 0) <= 0 and record.get("num_train_epochs") == args.num_train_epochs
+
+
+def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
+    """The checkpoint is at (or past) max_steps but the run died before its final save: the final model is the
+    checkpoint's (the Trainer saved it with the same `save_model`); link or copy it, then mark the run finished.
+    Resuming instead would train one step past max_steps."""
+    from hf_zero3.checkpoint import checkpoint_step, write_finished
+
+    if is_world_process_zero():
+        for path in sorted(checkpoint.iterdir()):
+            if path.is_file() and not path.name.startswith(_CHECKPOINT_INTERNALS):
+                target = output_dir / path.name
+                tmp = output_dir / f".{path.name}.tmp"
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(path, tmp)
+                except OSError:
+                    shutil.copy2(path, tmp)
+                os.replace(tmp, target)
+        if not any(output_dir.glob("model*.safetensors")):
+            print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
+                  "<folder>` writes the final model", flush=True)
+        write_finished(output_dir, {"global_step": checkpoint_step(checkpoint), "max_steps": args.max_steps,
+                                    "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
+    _barrier()
+
+
+def _start_point(args) -> str | None:
+    """Where this run starts: None (from scratch), a checkpoint path, or FINISHED (nothing to do).
+
+    Refuses to train over an earlier run unless asked. `resume_from_checkpoint: auto` is one command that always
+    does the right thing, for retry loops and requeues: start when nothing is there, resume from the newest
+    checkpoint that verifies, and say "already finished" when the run is done. Only our own unfinished saves are
+    deleted; everything else is left in place and named (hf_zero3.checkpoint, docs/checkpoints.md).
+    """
+    from hf_zero3 import checkpoint as ckpt
+
+    output_dir, resume = Path(args.output_dir), args.resume_from_checkpoint
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"output_dir {output_dir} is a file, not a folder: choose another output_dir")
     if resume not in (None, "auto") and not Path(resume).is_dir():
         raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
                          "or 'auto' for the newest complete one in output_dir")
+    if is_world_process_zero():
+        for left in ckpt.finish_deletions(output_dir):
+            print(f"hf_zero3: finished deleting {left} (a rotation that was interrupted)", flush=True)
+    if resume == "auto" and _is_finished(ckpt.read_finished(output_dir), args):
+        if is_world_process_zero():
+            record = ckpt.read_finished(output_dir)
+            print(f"hf_zero3: {output_dir} already finished at step {record.get('global_step')} (final model there): "
+                  "nothing to do. Raise --max_steps (or num_train_epochs) to train further", flush=True)
+        return FINISHED
     if resume is not None:
         try:
-            target, half_written = plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")))
-        except CheckpointError as e:
+            plan = ckpt.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
+                                    verify=_verify_on_all_ranks)
+        except ckpt.CheckpointError as e:
             raise UsageError(str(e)) from e
-        if dist.is_initialized():
-            dist.barrier()  # every rank has decided before rank 0 deletes anything
-        for folder in half_written if is_world_process_zero() else []:
+        fix = (f"--resume_from_checkpoint {plan.target} resumes the newest good one" if plan.target else
+               "no checkpoint in output_dir verifies")
+        if plan.skipped and is_world_process_zero():
+            for found in plan.skipped:
+                print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is ({fix}; move it "
+                      "aside if you do not need it)", flush=True)
+        if resume == "auto" and plan.target is None and plan.skipped:
+            raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
+                             f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
+                             "output_dir (or choose another output_dir) to start over")
+        target = plan.target
+        if target is not None and args.max_steps > 0 and ckpt.checkpoint_step(target) is not None \
+                and ckpt.checkpoint_step(target) >= args.max_steps:
+            _finish_from(target, output_dir, args)
+            if is_world_process_zero():
+                print(f"hf_zero3: {target} is at step {ckpt.checkpoint_step(target)} >= max_steps {args.max_steps}: "
+                      f"the run is finished; its final model is in {output_dir}", flush=True)
+            return FINISHED
+        _barrier()  # every rank has decided before rank 0 deletes anything
+        for folder in plan.delete if is_world_process_zero() else []:
             print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
-            remove_checkpoint(folder)
-        if dist.is_initialized():
-            dist.barrier()  # deletions done before any rank looks at the folder again
+            ckpt.remove_checkpoint(folder)
+        _barrier()  # deletions done before any rank looks at the folder again
+        start = ckpt.checkpoint_step(target) if target is not None else 0
+        if args.max_steps > 0 and args.save_strategy in ("steps", "best"):
+            every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
+            if collisions := ckpt.save_collisions(output_dir, start or 0, args.max_steps, every):
+                raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
+                                 f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
+                                 f"({ckpt.describe_found(collisions)}). Nothing was deleted. Move "
+                                 f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
+                                 "command again")
         if target is not None:
             return str(target)
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        if resume == "auto":
-            raise UsageError(f"output_dir {output_dir} holds files but no complete checkpoint to resume: pass "
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
+        if resume == "auto" and ckpt.read_run_id(output_dir) is not None:
+            if is_world_process_zero():
+                print(f"hf_zero3: no complete checkpoint in {output_dir} yet: starting from scratch", flush=True)
+        elif resume == "auto":
+            raise UsageError(f"output_dir {output_dir} holds files but no hf_zero3 run to resume: pass "
                              "--overwrite_output_dir true to train over it, or choose another output_dir")
-        raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
-                         "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
-    old_checkpoints = sorted(p.name for p in path.glob("checkpoint-*") if p.is_dir() and any(p.iterdir())) \
-        if path.is_dir() else []
-    if overwrite and old_checkpoints:
+        else:
+            raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
+                             "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
+    old_checkpoints = sorted(p.name for p in ckpt.list_checkpoints(output_dir) if any(p.iterdir()))
+    if args.overwrite_output_dir and old_checkpoints:
         # Keep-last-N ranks checkpoints by step: an old checkpoint-1000 would outrank (and so delete) this run's
         # checkpoint-200, and `resume auto` would later pick the old run. Nothing is deleted on the user's behalf.
         raise UsageError(f"output_dir {output_dir} holds checkpoints of an earlier run ({', '.join(old_checkpoints[:3])}"
                          f"{', ...' if len(old_checkpoints) > 3 else ''}): --overwrite_output_dir overwrites files but "
                          "does not mix checkpoints of two runs. Move or delete them, or choose another output_dir")
     return None
+
+
+def _claim(output_dir: str) -> None:
+    """Rank 0 records that a run owns output_dir (so its unfinished saves can be told from anyone else's) and
+    that it is not finished; the other ranks wait for it."""
+    from hf_zero3 import checkpoint as ckpt
+
+    if is_world_process_zero():
+        ckpt.claim_output_dir(output_dir)
+        ckpt.clear_finished(output_dir)
+    _barrier()
 
 
 def _load_model_and_tokenizer(model_args: ModelArguments):
@@ -301,7 +421,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
-    from hf_zero3.checkpoint import CheckpointError, list_checkpoints
+    from hf_zero3.checkpoint import CheckpointError, list_checkpoints, write_finished
     from hf_zero3.data import build_datasets
 
     values = load_arguments(argv)
@@ -313,8 +433,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
-    resume = _check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
-                               training_args.overwrite_output_dir)
+    resume = _start_point(training_args)
+    if resume == FINISHED:
+        return {}
+    _claim(training_args.output_dir)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args)
@@ -362,6 +484,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
+        write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
+                             "num_train_epochs": training_args.num_train_epochs})
         checkpoints = list_checkpoints(out)
         print(f"hf_zero3: final model: {out}", flush=True)
         if checkpoints:
@@ -380,12 +504,18 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         print("usage: hf-zero3 train [CONFIG.yaml] [--key value ...]\n")
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
+    from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
+
     try:
         run(argv, extra_callbacks)
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:
+        if is_world_process_zero():
+            print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,7 @@ from hf_zero3.callbacks.deepspeed_timers import DeepSpeedTimersCallback
 from hf_zero3.callbacks.hub_push import HubPushCallback
 from hf_zero3.callbacks.jsonl_log import JsonlLogCallback
 from hf_zero3.callbacks.memory import MemoryCallback
+from hf_zero3.callbacks.nonfinite_guard import NonFiniteError, NonFiniteGuardCallback
 from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
@@ -16,7 +17,8 @@ def default_callbacks(training_args, seq_len: int | None = None) -> list:
     callbacks = [MemoryCallback()]
     if seq_len:
         callbacks.append(ThroughputCallback(seq_len=seq_len))
-    callbacks.append(JsonlLogCallback())
+    callbacks.append(NonFiniteGuardCallback(patience=getattr(training_args, "stop_after_nonfinite_steps", 3)))
+    callbacks.append(JsonlLogCallback())  # after the guard above: it adds its counts to the logs
     callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit))
     if training_args.push_to_hub:  # after the guard: pushes only checkpoints it marked complete
         callbacks.append(HubPushCallback(training_args.hub_model_id, private=bool(training_args.hub_private_repo),
@@ -38,4 +40,5 @@ def install_callbacks(trainer, callbacks: list) -> None:
 
 
 __all__ = ["CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
-           "MemoryCallback", "ThroughputCallback", "default_callbacks", "install_callbacks"]
+           "MemoryCallback", "NonFiniteError",
+           "NonFiniteGuardCallback", "ThroughputCallback", "default_callbacks", "install_callbacks"]

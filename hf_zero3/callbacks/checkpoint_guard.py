@@ -44,6 +44,18 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"TrainingArguments.save_total_limit={args.save_total_limit} would let the Trainer delete "
                 "checkpoints by folder name, complete or not: set it to None and pass "
                 "CheckpointGuardCallback(save_total_limit=...) instead (hf-zero3 train does this for you)")
+        if state.is_world_process_zero:
+            ckpt.claim_output_dir(args.output_dir)  # our saves carry its run id: only they are ever deleted
+        gather_from_ranks({})  # the claim is on disk before any rank classifies folders
+        every = state.save_steps if args.save_strategy == "steps" and state.save_steps else None
+        mine = [] if args.save_strategy == "no" else ckpt.save_collisions(
+            args.output_dir, state.global_step, state.max_steps, every)
+        collisions = [line for record in gather_from_ranks({"c": [f"{f.path}: {f.why}" for f in mine]})
+                      for line in record["c"]]
+        if collisions:
+            raise ckpt.CheckpointError(
+                f"this run would save into folders that are not its to overwrite: {sorted(set(collisions))}. Nothing "
+                "was written; move them out of output_dir and run again")
         self._started = (time.time(), state.global_step)
         self._previous_hook = sys.excepthook
         sys.excepthook = lambda *exc: self._explain_failed_save(args, *exc)
@@ -75,12 +87,18 @@ class CheckpointGuardCallback(TrainerCallback):
             self._before_save(args, state)
 
     def _before_save(self, args, state) -> None:
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = ckpt.checkpoint_dir(args.output_dir, state.global_step)
+        there = ckpt.classify(folder, ckpt.read_run_id(args.output_dir)) if folder.exists() else None
         newest = ckpt.newest_complete(args.output_dir)
         need = int((ckpt.read_marker(newest) or {}).get("bytes", 0) * self.space_margin) if newest else 0
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(args.output_dir).free
-        short = gather_from_ranks({"rank": args.process_index, "free": free, "short": free < need})
+        short = gather_from_ranks({"rank": args.process_index, "free": free, "short": free < need,
+                                   "taken": there is not None and there.kind != "unfinished"})
+        if any(r["taken"] for r in short):  # never write into (or mark as ours) a folder we did not start
+            raise ckpt.CheckpointError(
+                f"{folder} already exists and is not this run's unfinished save ({there.why if there else 'as another rank sees it'}): nothing was written. Move it out of output_dir, then resume with "
+                f"--resume_from_checkpoint auto (newest complete: {newest})")
         if any(r["short"] for r in short):
             worst = min(r["free"] for r in short)
             raise ckpt.CheckpointError(
@@ -89,15 +107,20 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"checkpoint is {newest}. Free space (or lower save_total_limit, or move output_dir), then resume "
                 "with --resume_from_checkpoint auto")
         if state.is_world_process_zero:
+            if there is not None:  # our own unfinished save of this step (a killed attempt): start clean
+                ckpt.remove_checkpoint(folder)
             ckpt.mark_saving(folder)
         self._saving = folder
 
     def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = ckpt.checkpoint_dir(args.output_dir, state.global_step)
         problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
         if state.is_world_process_zero:
             problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args))
-        problems = [p for record in gather_from_ranks({"problems": problems}) for p in record["problems"]]
+        # each rank hashes the files it wrote (still in its page cache), all ranks at once
+        hashes = ckpt.hash_files(folder, args.process_index, args.world_size) if not problems else {}
+        records = gather_from_ranks({"problems": problems, "hashes": hashes})
+        problems = [p for record in records for p in record["problems"]]
         if problems:
             raise ckpt.CheckpointError(
                 f"{folder} is incomplete: {'; '.join(problems)}. It has no completion marker, so it is never "
@@ -105,7 +128,8 @@ class CheckpointGuardCallback(TrainerCallback):
         self._saving = None
         if not state.is_world_process_zero:
             return
-        ckpt.write_marker(folder, _provenance(args, state, self._started))
+        ckpt.write_marker(folder, _provenance(args, state, self._started),
+                          hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
             print(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)", flush=True)
 

@@ -132,33 +132,116 @@ def test_rotation_never_deletes_the_newest_complete_nor_the_protected_one(tmp_pa
     assert ckpt.rotate(tmp_path, keep=None) == []
 
 
-def test_auto_resume_takes_the_newest_complete_and_removes_the_half_written_one_after_it(tmp_path):
+def test_auto_resume_takes_the_newest_complete_and_removes_only_our_own_half_written_save(tmp_path):
+    ckpt.claim_output_dir(tmp_path)
     make_checkpoint(tmp_path, 10)
     make_checkpoint(tmp_path, 20)
-    half = make_checkpoint(tmp_path, 30, marked=False)
-    (half / "latest").unlink()  # killed before DeepSpeed finished
-    target, remove = ckpt.plan_resume(tmp_path, "auto", world_size=2)
-    assert target == tmp_path / "checkpoint-20"
-    assert remove == [half]
+    ours = make_checkpoint(tmp_path, 30, marked=False)
+    ckpt.mark_saving(ours)
+    (ours / "latest").unlink()  # killed before DeepSpeed finished
+    unknown = make_checkpoint(tmp_path, 40, marked=False)
+    (unknown / "latest").unlink()  # the same state, but nothing says a save of this run started it
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert plan.target == tmp_path / "checkpoint-20"
+    assert plan.delete == [ours]
+    assert [(f.path, f.kind) for f in plan.skipped] == [(unknown, "foreign")]
+    assert "no hf_zero3 completion marker" in plan.skipped[0].why
 
 
 def test_auto_resume_never_deletes_an_unmarked_folder_that_verifies(tmp_path):
-    """A checkpoint written without hf_zero3 (no marker) but whole: ours to leave alone, so it is an error."""
+    """A checkpoint written without hf_zero3 (no marker) but whole: never ours to delete, never resumed by auto."""
     make_checkpoint(tmp_path, 10)
-    make_checkpoint(tmp_path, 20, marked=False)
-    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20: newer than the resume point"):
-        ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    foreign = make_checkpoint(tmp_path, 20, marked=False)
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert (plan.target, plan.delete, [f.path for f in plan.skipped]) == (tmp_path / "checkpoint-10", [], [foreign])
 
 
 def test_auto_resume_removes_our_own_unfinished_save_even_if_its_files_verify(tmp_path):
-    """Killed after the last file but before the marker: the guard's SAVING flag says the folder is ours."""
+    """Killed after the last file but before the marker: the guard's SAVING record (with the output_dir's run id)
+    says the folder is ours."""
+    ckpt.claim_output_dir(tmp_path)
     make_checkpoint(tmp_path, 10)
     unfinished = make_checkpoint(tmp_path, 20, marked=False)
     ckpt.mark_saving(unfinished)
     assert ckpt.verify_checkpoint(unfinished) == []
-    assert ckpt.plan_resume(tmp_path, "auto", world_size=2) == (tmp_path / "checkpoint-10", [unfinished])
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert (plan.target, plan.delete) == (tmp_path / "checkpoint-10", [unfinished])
     ckpt.write_marker(unfinished, {"world_size": 2})
     assert not (unfinished / ckpt.SAVING).exists() and ckpt.is_complete(unfinished)
+
+
+def test_a_save_flag_of_another_run_or_an_older_version_is_not_ours_to_delete(tmp_path):
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 10)
+    copied = make_checkpoint(tmp_path, 20, marked=False)
+    ckpt.mark_saving(copied, run_id="another-run")
+    old = make_checkpoint(tmp_path, 30, marked=False)
+    (old / ckpt.SAVING).write_text("a save into this folder started; hf_zero3_complete.json marks its end\n")
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert plan.delete == [] and [f.path for f in plan.skipped] == [copied, old]
+    assert all("not this output_dir's run" in f.why for f in plan.skipped)
+
+
+def test_a_complete_checkpoint_that_lost_a_file_is_kept_and_auto_falls_back(tmp_path):
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 10)
+    damaged = make_checkpoint(tmp_path, 20)
+    (damaged / "global_step20/zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert (plan.target, plan.delete) == (tmp_path / "checkpoint-10", [])
+    assert plan.skipped[0].kind == "damaged"
+    assert "marked complete, but global_step20/zero_pp_rank_0_mp_rank_00_model_states.pt is missing" in \
+        plan.skipped[0].why
+    assert (damaged / "model.safetensors").is_file()
+    assert ckpt.rotate(tmp_path, keep=1) == [] and damaged.is_dir()  # keep-last-N neither counts nor deletes it
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_corrupted_shard_with_its_marker_intact_is_never_resumed_from(tmp_path, damage):
+    make_checkpoint(tmp_path, 10)
+    bad = make_checkpoint(tmp_path, 20)
+    shard = bad / "global_step20/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    size = shard.stat().st_size
+    if damage == "flip":  # same size, 64 bytes overwritten in the middle: only the checksum can tell
+        with shard.open("r+b") as f:
+            f.seek(size // 2)
+            f.write(bytes(64))
+        assert shard.stat().st_size == size and ckpt.is_complete(bad)
+        expected = "optim_states.pt is corrupted"
+    else:
+        os.truncate(shard, size - 1)
+        expected = f"has {size - 1} bytes, the marker says {size}"
+    assert any(expected in p for rank in (0, 1) for p in ckpt.verify_complete(bad, rank, 2))
+    assert ckpt.verify_complete(bad, 0, 2) == []  # rank 1 wrote the shard: rank 0 checks only its own share
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert plan.target == tmp_path / "checkpoint-10" and plan.delete == []
+    assert expected in ckpt.describe_found(plan.skipped)
+    with pytest.raises(ckpt.CheckpointError, match="--resume_from_checkpoint .*checkpoint-10"):
+        ckpt.plan_resume(tmp_path, str(bad), world_size=2)
+
+
+def test_the_marker_records_a_checksum_of_every_file(tmp_path):
+    folder = make_checkpoint(tmp_path, 10)
+    files = ckpt.read_marker(folder)["files"]
+    shard = "global_step10/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    assert files[shard] == {"size": (folder / shard).stat().st_size, "xxh3_64": ckpt.file_hash(folder / shard)}
+    assert ckpt.hash_files(folder, 1, 2) == {shard.replace("optim", "model"): ckpt.file_hash(
+        folder / shard.replace("optim", "model")), shard: ckpt.file_hash(folder / shard),
+        "rng_state_1.pth": ckpt.file_hash(folder / "rng_state_1.pth")}
+    assert all(ckpt.verify_complete(folder, rank, 2) == [] for rank in (0, 1))
+
+
+def test_rotation_renames_before_deleting_and_the_next_start_finishes_a_killed_one(tmp_path):
+    for step in (1, 2, 3):
+        make_checkpoint(tmp_path, step)
+    # a rotation killed mid-delete: renamed, half its files gone
+    left = tmp_path / f"{ckpt.DELETING}checkpoint-1"
+    (tmp_path / "checkpoint-1").rename(left)
+    (left / "model.safetensors").unlink()
+    assert steps(ckpt.list_checkpoints(tmp_path)) == [2, 3] and steps(ckpt.complete_checkpoints(tmp_path)) == [2, 3]
+    assert ckpt.finish_deletions(tmp_path) == [left] and not left.exists()
+    assert steps(ckpt.rotate(tmp_path, keep=1)) == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
 
 
 def test_explicit_resume_refuses_an_incomplete_checkpoint_and_one_older_than_a_complete_one(tmp_path):
@@ -168,8 +251,20 @@ def test_explicit_resume_refuses_an_incomplete_checkpoint_and_one_older_than_a_c
     with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 cannot be resumed: rank 1: RNG state"):
         ckpt.plan_resume(tmp_path, str(broken), world_size=2)
     make_checkpoint(tmp_path, 30)
-    with pytest.raises(ckpt.CheckpointError, match="would be overwritten"):
+    with pytest.raises(ckpt.CheckpointError, match="this run would overwrite it"):
         ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2)
+
+
+def test_save_collisions_name_what_a_run_would_write_into(tmp_path):
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 2)
+    foreign = make_checkpoint(tmp_path, 9, marked=False)
+    ours = make_checkpoint(tmp_path, 4, marked=False)
+    ckpt.mark_saving(ours)
+    assert ckpt.save_collisions(tmp_path, 2, 8, save_every=2) == []  # 9 is past the end; 4 is our own
+    assert [f.path for f in ckpt.save_collisions(tmp_path, 2, 9, save_every=2)] == [foreign]  # the final save
+    assert [f.path for f in ckpt.save_collisions(tmp_path, 2, 10, save_every=3)] == [foreign]
+    assert ckpt.save_collisions(tmp_path, 2, 10, save_every=2) == []
 
 
 def test_resume_on_another_world_size_names_reshard(tmp_path):
@@ -177,7 +272,7 @@ def test_resume_on_another_world_size_names_reshard(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
         ckpt.plan_resume(tmp_path, "auto", world_size=1)
     (folder / "latest_universal").write_text("global_step10_universal")
-    assert ckpt.plan_resume(tmp_path, "auto", world_size=1) == (folder, [])
+    assert ckpt.plan_resume(tmp_path, "auto", world_size=1) == ckpt.ResumePlan(folder, [], [])
 
 
 def test_removing_a_symlinked_checkpoint_removes_only_the_link(tmp_path):
