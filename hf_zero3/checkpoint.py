@@ -447,7 +447,8 @@ def mark_saving(checkpoint: str | os.PathLike, run_id: str | None = None) -> Non
 @dataclass(frozen=True)
 class Found:
     """A `checkpoint-N` folder and what it is: complete (marker, every file there), unfinished (our own save that
-    never finished: deletable), damaged (marked, but files gone or resized), or foreign (anything else)."""
+    never finished: deletable), empty (nothing to lose: a save may write into it), damaged (marked, but files gone
+    or resized), or foreign (anything else)."""
 
     path: Path
     kind: str
@@ -481,6 +482,8 @@ def classify(checkpoint: str | os.PathLike, run_id: str | None) -> Found:
     if saving is not None and run_id is not None and saving.get("run_id") == run_id \
             and saving.get("step") == checkpoint_step(path):
         return Found(path, "unfinished", "a save of this run started there and never finished (no marker)")
+    if path.is_dir() and not any(path.iterdir()):
+        return Found(path, "empty", "an empty folder")
     if (path / SAVING).exists():
         return Found(path, "foreign", "a save flag that is not this output_dir's run (another run's copy, or an "
                                       "older hf_zero3), and no completion marker")
@@ -594,7 +597,7 @@ def save_collisions(output_dir: str | os.PathLike, after_step: int, last_step: i
     def saves_at(step: int) -> bool:
         return after_step < step <= last_step and (not save_every or step % save_every == 0 or step == last_step)
 
-    return [f for f in survey(output_dir) if saves_at(f.step) and f.kind != "unfinished"]
+    return [f for f in survey(output_dir) if saves_at(f.step) and f.kind not in ("unfinished", "empty")]
 
 
 def read_finished(output_dir: str | os.PathLike) -> dict | None:

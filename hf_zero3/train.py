@@ -180,7 +180,7 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
 FINISHED = "finished"
 """`_start_point`'s answer when output_dir already holds this run, finished: nothing to train."""
 
-_CHECKPOINT_INTERNALS = ("rng_state", "optimizer.pt", "scheduler.pt", "scaler.pt", "latest", "zero_to_fp32.py",
+_CHECKPOINT_INTERNALS = ("rng_state", "optimizer.pt", "scheduler.pt", "scaler.pt", "latest", "zero_to_",
                          "hf_zero3_")
 """Top-level checkpoint files that belong to resuming, not to the final model folder."""
 
@@ -217,7 +217,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
     """The checkpoint is at (or past) max_steps but the run died before its final save: the final model is the
     checkpoint's (the Trainer saved it with the same `save_model`); link or copy it, then mark the run finished.
     Resuming instead would train one step past max_steps."""
-    from hf_zero3.checkpoint import checkpoint_step, write_finished
+    from hf_zero3.checkpoint import checkpoint_step, rotate, write_finished
 
     if is_world_process_zero():
         for path in sorted(checkpoint.iterdir()):
@@ -233,6 +233,8 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
         if not any(output_dir.glob("model*.safetensors")):
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
                   "<folder>` writes the final model", flush=True)
+        for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet
+            print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)
         write_finished(output_dir, {"global_step": checkpoint_step(checkpoint), "max_steps": args.max_steps,
                                     "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
     _barrier()
@@ -269,16 +271,13 @@ def _start_point(args) -> str | None:
                                     verify=_verify_on_all_ranks)
         except ckpt.CheckpointError as e:
             raise UsageError(str(e)) from e
-        fix = (f"--resume_from_checkpoint {plan.target} resumes the newest good one" if plan.target else
-               "no checkpoint in output_dir verifies")
-        if plan.skipped and is_world_process_zero():
-            for found in plan.skipped:
-                print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is ({fix}; move it "
-                      "aside if you do not need it)", flush=True)
         if resume == "auto" and plan.target is None and plan.skipped:
             raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
                              f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
                              "output_dir (or choose another output_dir) to start over")
+        for found in plan.skipped if is_world_process_zero() else []:
+            print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
+                  f"you do not need it); resuming from {plan.target}", flush=True)
         target = plan.target
         if target is not None and args.max_steps > 0 and ckpt.checkpoint_step(target) is not None \
                 and ckpt.checkpoint_step(target) >= args.max_steps:
@@ -421,7 +420,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
-    from hf_zero3.checkpoint import CheckpointError, list_checkpoints, write_finished
+    from hf_zero3.checkpoint import CheckpointError, newest_complete, write_finished
     from hf_zero3.data import build_datasets
 
     values = load_arguments(argv)
@@ -486,10 +485,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs})
-        checkpoints = list_checkpoints(out)
+        newest = newest_complete(out)
         print(f"hf_zero3: final model: {out}", flush=True)
-        if checkpoints:
-            print(f"hf_zero3: last checkpoint: {checkpoints[-1]}", flush=True)
+        if newest:
+            print(f"hf_zero3: last checkpoint: {newest}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
@@ -505,6 +504,7 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
+    from hf_zero3.checkpoint import CheckpointError
 
     try:
         run(argv, extra_callbacks)
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 2
-    except NonFiniteError as e:
+    except (NonFiniteError, CheckpointError) as e:  # training stopped on purpose, the message says why and how on
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1

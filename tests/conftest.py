@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+import torch
+
+from hf_zero3.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_YAML = ROOT / "recipes" / "tiny" / "train_args.yaml"
+CHECKPOINT_RUN = ["--max_steps", "8", "--save_steps", "2", "--logging_steps", "1", "--validation_file", "null",
+                  "--warmup_steps", "2"]
+"""The tiny recipe as the checkpoint tests run it: 8 steps, a save every 2 (every such run logs the same losses)."""
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -52,11 +61,78 @@ def losses(output_dir: Path) -> list[float]:
     return [r["loss"] for r in train_log(output_dir) if "loss" in r]
 
 
+class Launch:
+    """recipes/tiny/launch.sh in its own session, output to a file, so a test can watch, kill and wait."""
+
+    def __init__(self, out: Path, *extra, log: Path, **env):
+        self.out, self.log = Path(out), Path(log)
+        with self.log.open("w") as f:
+            self.proc = subprocess.Popen([str(c) for c in [ROOT / "recipes/tiny/launch.sh", "--output_dir", out,
+                                                           *extra]],
+                                         cwd=ROOT, env=subprocess_env(MASTER_PORT=str(free_port()), **env),
+                                         stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def rank_pid(self, rank: int, timeout: float = 300) -> int:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    cmdline = child.cmdline()
+                    if f"--local_rank={rank}" in cmdline and ("hf_zero3.train" in cmdline or "train.py" in cmdline):
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError(f"rank {rank} never started\n{self.text()}")
+
+    def wait_for(self, condition, timeout: float = 300, poll: float = 0.2) -> None:
+        deadline = time.time() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"run ended before the condition held\n{self.text()}"
+            assert time.time() < deadline, f"timed out\n{self.text()}"
+            time.sleep(poll)
+
+    def kill_rank(self, rank: int) -> None:
+        os.kill(self.rank_pid(rank), signal.SIGKILL)
+
+    def wait(self, timeout: float = 300) -> int:
+        """The exit status; a run that outlives `timeout`, or leaves a rank behind, is a hang: kill and fail."""
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"hung: no exit {timeout} s after the failure\n{self.text()}") from None
+        time.sleep(1)
+        left = [p for p in psutil.process_iter(["pid", "cmdline"])
+                if str(self.out) in " ".join(p.info["cmdline"] or [])]
+        for process in left:
+            process.kill()
+        assert not left, f"ranks left running after the launcher exited: {[p.info['pid'] for p in left]}"
+        return status
+
+    def text(self) -> str:
+        return self.log.read_text()[-6000:]
+
+
+def logged_steps(out: Path) -> list[int]:
+    path = out / "train_log.jsonl"
+    return [r["step"] for r in train_log(out) if "loss" in r] if path.is_file() else []
+
+
+def losses_by_step(out: Path) -> dict[int, float]:
+    """The last logged loss of each step (a resumed run appends to the same log)."""
+    return {r["step"]: r["loss"] for r in train_log(out) if "loss" in r}
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
 @pytest.fixture
 def single_rank_env(monkeypatch):
     """Rank variables present, so an in-process `hf_zero3.train.main` leaves the process environment alone."""
-    from hf_zero3.distributed import free_port
-
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)

@@ -93,12 +93,13 @@ class CheckpointGuardCallback(TrainerCallback):
         need = int((ckpt.read_marker(newest) or {}).get("bytes", 0) * self.space_margin) if newest else 0
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(args.output_dir).free
-        short = gather_from_ranks({"rank": args.process_index, "free": free, "short": free < need,
-                                   "taken": there is not None and there.kind != "unfinished"})
+        taken = there is not None and there.kind not in ("unfinished", "empty")
+        short = gather_from_ranks({"rank": args.process_index, "free": free, "short": free < need, "taken": taken})
         if any(r["taken"] for r in short):  # never write into (or mark as ours) a folder we did not start
+            why = there.why if there is not None else "as another rank sees it"
             raise ckpt.CheckpointError(
-                f"{folder} already exists and is not this run's unfinished save ({there.why if there else 'as another rank sees it'}): nothing was written. Move it out of output_dir, then resume with "
-                f"--resume_from_checkpoint auto (newest complete: {newest})")
+                f"{folder} already exists and is not this run's unfinished save ({why}): nothing was written. Move it "
+                f"out of output_dir, then resume with --resume_from_checkpoint auto (newest complete: {newest})")
         if any(r["short"] for r in short):
             worst = min(r["free"] for r in short)
             raise ckpt.CheckpointError(
@@ -106,10 +107,19 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"{worst / 1e9:.3f} GB is free under {args.output_dir}. Nothing was written; the newest complete "
                 f"checkpoint is {newest}. Free space (or lower save_total_limit, or move output_dir), then resume "
                 "with --resume_from_checkpoint auto")
-        if state.is_world_process_zero:
-            if there is not None:  # our own unfinished save of this step (a killed attempt): start clean
-                ckpt.remove_checkpoint(folder)
-            ckpt.mark_saving(folder)
+        unwritable = None
+        if state.is_world_process_zero:  # only after every rank looked at the folder: none sees a half-made flag
+            try:
+                if there is not None and there.kind == "unfinished":  # our own killed attempt at this step
+                    ckpt.remove_checkpoint(folder)
+                ckpt.mark_saving(folder)
+            except OSError as e:  # read-only filesystem, permissions: say so on every rank, write nothing more
+                unwritable = str(e)
+        if errors := [r["unwritable"] for r in gather_from_ranks({"unwritable": unwritable}) if r["unwritable"]]:
+            raise ckpt.CheckpointError(
+                f"cannot write {folder}: {errors[0]}. Nothing of the save was written; the newest complete checkpoint "
+                f"is {newest}. Make {args.output_dir} writable (or move output_dir), then resume with "
+                "--resume_from_checkpoint auto")
         self._saving = folder
 
     def on_save(self, args, state, control, **kwargs):

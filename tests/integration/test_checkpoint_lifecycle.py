@@ -5,29 +5,25 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import secrets
-import signal
 import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from hf_zero3 import checkpoint as ckpt
 from hf_zero3.distributed import free_port
-from tests.conftest import ROOT, TINY_YAML, explain, run, subprocess_env, train_log
+from tests.conftest import CHECKPOINT_RUN, ROOT, TINY_YAML, Launch, explain, logged_steps, losses_by_step, run, weights
 
 pytestmark = pytest.mark.integration
 
 STEPS = 8
-COMMON = ["--max_steps", str(STEPS), "--save_steps", "2", "--logging_steps", "1", "--validation_file", "null",
-          "--warmup_steps", "2"]
+COMMON = CHECKPOINT_RUN
 TOKEN = "hf_" + secrets.token_hex(16)
 """A fake Hub token: must reach the Hub's Authorization header and nothing else."""
 
@@ -97,75 +93,6 @@ def hub_env(hub: LocalHub) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
-class Launch:
-    """recipes/tiny/launch.sh in its own session, output to a file, so a test can watch, kill and wait."""
-
-    def __init__(self, out: Path, *extra, log: Path, **env):
-        self.out, self.log = Path(out), Path(log)
-        with self.log.open("w") as f:
-            self.proc = subprocess.Popen([str(c) for c in [ROOT / "recipes/tiny/launch.sh", "--output_dir", out,
-                                                           *COMMON, *extra]],
-                                         cwd=ROOT, env=subprocess_env(MASTER_PORT=str(free_port()), **env),
-                                         stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def rank_pid(self, rank: int, timeout: float = 300) -> int:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                try:
-                    cmdline = child.cmdline()
-                    if f"--local_rank={rank}" in cmdline and ("hf_zero3.train" in cmdline or "train.py" in cmdline):
-                        return child.pid
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.2)
-        raise AssertionError(f"rank {rank} never started\n{self.text()}")
-
-    def wait_for(self, condition, timeout: float = 300, poll: float = 0.2) -> None:
-        deadline = time.time() + timeout
-        while not condition():
-            assert self.proc.poll() is None, f"run ended before the condition held\n{self.text()}"
-            assert time.time() < deadline, f"timed out\n{self.text()}"
-            time.sleep(poll)
-
-    def kill_rank(self, rank: int) -> None:
-        os.kill(self.rank_pid(rank), signal.SIGKILL)
-
-    def wait(self, timeout: float = 300) -> int:
-        """The exit status; a run that outlives `timeout`, or leaves a rank behind, is a hang: kill and fail."""
-        try:
-            status = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise AssertionError(f"hung: no exit {timeout} s after the failure\n{self.text()}") from None
-        time.sleep(1)
-        left = [p for p in psutil.process_iter(["pid", "cmdline"])
-                if str(self.out) in " ".join(p.info["cmdline"] or [])]
-        for process in left:
-            process.kill()
-        assert not left, f"ranks left running after the launcher exited: {[p.info['pid'] for p in left]}"
-        return status
-
-    def text(self) -> str:
-        return self.log.read_text()[-6000:]
-
-
-def logged_steps(out: Path) -> list[int]:
-    path = out / "train_log.jsonl"
-    return [r["step"] for r in train_log(out) if "loss" in r] if path.is_file() else []
-
-
-def losses_by_step(out: Path) -> dict[int, float]:
-    """The last logged loss of each step (a resumed run appends to the same log)."""
-    return {r["step"]: r["loss"] for r in train_log(out) if "loss" in r}
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(folder / "model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, hub):
     """The uninterrupted run: 8 steps, a save every 2, keep 2, pushing each complete checkpoint to LocalHub."""
@@ -232,13 +159,13 @@ def killed_and_resumed(tmp_path_factory):
     root = tmp_path_factory.mktemp("killed")
     out = root / "run"
     step = random.Random().randint(3, 5)
-    first = Launch(out, log=root / "1.log")
+    first = Launch(out, *COMMON, log=root / "1.log")
     first.wait_for(lambda: max(logged_steps(out), default=0) >= step)
     first.kill_rank(1)
     first_status = first.wait(timeout=120)
     after_first = ckpt.newest_complete(out)
 
-    second = Launch(out, "--resume_from_checkpoint", "auto", log=root / "2.log")
+    second = Launch(out, *COMMON, "--resume_from_checkpoint", "auto", log=root / "2.log")
     mid_save = ckpt.checkpoint_step(after_first) + 2
     second.wait_for(lambda: (out / f"checkpoint-{mid_save}" / f"global_step{mid_save}").is_dir(), poll=0.001)
     second.kill_rank(0)
@@ -322,7 +249,7 @@ def test_disk_full_in_the_middle_of_a_save_keeps_older_checkpoints_and_resumes(s
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoint-4").symlink_to(small_disks("full", "6m"))
-    first = Launch(out, "--overwrite_output_dir", "true", log=tmp_path / "1.log")
+    first = Launch(out, *COMMON, "--overwrite_output_dir", "true", log=tmp_path / "1.log")
     assert first.wait(timeout=300) != 0
     assert f"saving {out / 'checkpoint-4'} failed: the disk is full" in first.text(), first.text()
     assert ckpt.is_complete(out / "checkpoint-2") and not ckpt.is_complete(out / "checkpoint-4")
