@@ -327,6 +327,7 @@ def _claim(output_dir: str) -> None:
     that it is not finished; the other ranks wait for it."""
     from hf_zero3 import checkpoint as ckpt
 
+    _barrier()  # every rank has looked at output_dir before rank 0 writes into it
     if is_world_process_zero():
         ckpt.claim_output_dir(output_dir)
         ckpt.clear_finished(output_dir)

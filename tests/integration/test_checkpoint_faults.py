@@ -149,17 +149,18 @@ def test_nan_weights_that_verify_stop_the_run_without_saving_them(uninterrupted,
         shard = out / f"checkpoint-4/global_step4/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
         states = torch.load(shard, map_location="cpu", weights_only=False)
         for flat in states["optimizer_state_dict"]["fp32_flat_groups"]:
-            flat.fill_(float("nan"))
+            flat.detach().fill_(float("nan"))
         torch.save(states, shard)
     ckpt.write_marker(out / "checkpoint-4", ckpt.read_marker(out / "checkpoint-4"))
-    proc = train(out, *KEEP_ALL, "--resume_from_checkpoint", "auto", "--save_steps", "1")
+    proc = train(out, *KEEP_ALL, "--resume_from_checkpoint", "auto")
     assert proc.returncode == 1, explain(proc)
     assert "NaN/inf for 3 steps in a row (steps 5-7); training stopped" in proc.stderr, explain(proc)
     assert f"The newest complete checkpoint is {out / 'checkpoint-4'}" in proc.stderr
-    assert "not saving checkpoint-5" in proc.stderr and "not saving checkpoint-7" in proc.stderr
+    assert "step 6 is non-finite (NaN/inf loss or gradients): not saving checkpoint-6" in proc.stderr
     assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(out)] == [2, 4]
     logged = [r for r in map(json.loads, (out / "train_log.jsonl").read_text().splitlines()) if "nonfinite_steps" in r]
-    assert logged and logged[-1]["nonfinite_steps"] == 3, logged
+    # the stock log hides the NaN (logging_nan_inf_filter logs 0.0); our count says what happened; step 7 stopped
+    assert [(r["step"], r["loss"], r["nonfinite_steps"]) for r in logged] == [(5, 0.0, 1), (6, 0.0, 2)], logged
 
 
 def test_the_same_command_after_kills_at_any_moment_converges_to_one_finished_run(uninterrupted, tmp_path):
