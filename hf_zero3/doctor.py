@@ -363,25 +363,53 @@ class HostfileError(ValueError):
     pass
 
 
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
+"""DeepSpeed's own pattern (`deepspeed.launcher.runner._parse_hostfile`), searched in each stripped line: what
+follows `slots=N` is ignored there (`max_slots=8`, a comment), and `slots = 2` is refused."""
+HOSTFILE_FIX = "each line: `hostname slots=N` (no spaces around =), one line per host; `#` starts a comment"
+
+
+def _hostfile_hint(line: str) -> str:
+    spaced = re.match(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+    if spaced:
+        return f"write `{spaced.group(1)} slots={spaced.group(2)}` (DeepSpeed takes no spaces around =)"
+    if len(line.split()) == 1:
+        return f"add the number of ranks: `{line} slots=N`"
+    return "write `hostname slots=N`"
+
+
 def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, int]:
-    """DeepSpeed's format, `hostname slots=N` per line, `#` comments; every bad line named at once."""
+    """Hosts and slots as DeepSpeed's launcher reads them: the same lines accepted, the same slots (slots=0
+    included), the same lines refused; where DeepSpeed stops at the first bad line with a bare message, every
+    bad line is named here with its fix. `text` as Python reads a file (universal newlines, like DeepSpeed)."""
     hosts, errors = {}, []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
             continue
-        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-        if not match or int(match.group(2)) < 1:
-            errors.append(f"{source}:{number}: {raw.strip()!r} is not `hostname slots=N` with N >= 1")
+        match = HOSTFILE_LINE.search(line)
+        if match is None:
+            errors.append(f"{source}:{number}: {line!r} is not `hostname slots=N`: {_hostfile_hint(line)}")
         elif match.group(1) in hosts:
-            errors.append(f"{source}:{number}: host {match.group(1)} is listed twice")
+            errors.append(f"{source}:{number}: host {match.group(1)} is listed twice: keep one line per host")
         else:
             hosts[match.group(1)] = int(match.group(2))
     if not hosts and not errors:
-        errors.append(f"{source}: no hosts (each line: `hostname slots=N`)")
+        errors.append(f"{source}: no hosts: add one line `hostname slots=N` per node")
     if errors:
         raise HostfileError("; ".join(errors))
     return hosts
+
+
+def read_hostfile(path: str | os.PathLike) -> dict[str, int]:
+    """`parse_hostfile` of the file at `path`, read as DeepSpeed reads it; HostfileError names the file."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a text file"
+        raise HostfileError(f"cannot read hostfile {path}: {reason}: pass a readable DeepSpeed hostfile "
+                            "(lines `hostname slots=N`)") from e
+    return parse_hostfile(text, str(path))
 
 
 def code_root() -> Path:
@@ -485,11 +513,14 @@ def check_host(host: str, local: dict, port: int | None = None) -> list[Result]:
 def check_hostfile(path: str | os.PathLike, ssh: bool = True, port: int | None = None) -> list[Result]:
     """Parse the hostfile, then (with `ssh`) check every host in parallel (on SSH port `port`)."""
     try:
-        hosts = parse_hostfile(Path(path).read_text(), str(path))
-    except (OSError, HostfileError) as e:
-        return [Result("FAIL", "hostfile", str(e), "each line: `hostname slots=N` (DeepSpeed's format)")]
+        hosts = read_hostfile(path)
+    except HostfileError as e:
+        return [Result("FAIL", "hostfile", str(e), HOSTFILE_FIX)]
     results = [Result("OK", "hostfile", f"{len(hosts)} host(s), {sum(hosts.values())} slots",
                       data={"hosts": hosts})]
+    if idle := [h for h, slots in hosts.items() if slots == 0]:
+        results.append(Result("WARN", "hostfile", f"{', '.join(idle)}: slots=0, so DeepSpeed starts no rank "
+                              "there", "give each host the ranks it should run (slots=N) or remove its line"))
     if not ssh:
         return results
     if shutil.which("ssh") is None:

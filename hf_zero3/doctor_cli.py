@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 CHECK_GROUPS = ("versions", "native", "gpus", "ops", "nvme", "hosts", "allreduce")
 
@@ -60,12 +61,24 @@ def main(args: argparse.Namespace) -> int:
                 print(r.line(), flush=True)
 
     skip = set(args.skip)
-    config = {}
+    config, problems = {}, []  # the input files, read before any check runs: a bad one is a usage error
     if args.config:
         try:
             config = load_config(args.config)
-        except (FileNotFoundError, ValueError) as e:
-            emit(doctor.Result("FAIL", "config", str(e), "pass the ds_config you will train with"))
+        except UnicodeDecodeError:
+            problems.append(f"--config {args.config} is not a text file: pass the ds_config JSON you will train with")
+        except (FileNotFoundError, ValueError) as e:  # load_config's message names the file and the fix
+            problems.append(f"--config: {e}")
+        except OSError as e:
+            problems.append(f"--config: cannot read {args.config}: {e.strerror}: pass a readable ds_config JSON")
+    if args.hostfile:
+        try:
+            doctor.read_hostfile(args.hostfile)
+        except doctor.HostfileError as e:
+            problems.append(f"--hostfile: {e}")
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 2
     if "versions" not in skip:
         emit(doctor.check_python(), *doctor.check_versions(args.matrix))
     if "native" not in skip:

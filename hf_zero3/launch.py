@@ -133,7 +133,7 @@ def recipe_model(recipe: Path) -> str | None:
 
 def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str | None, dict | None, bool]:
     """(hostfile path, its hosts and slots, whether we write it) from HOSTS or HOSTFILE."""
-    from hf_zero3.doctor import HostfileError, parse_hostfile
+    from hf_zero3.doctor import HostfileError, read_hostfile
 
     hostfile = env.get("HOSTFILE", "").strip() or None
     if env.get("HOSTS", "").strip():
@@ -148,7 +148,7 @@ def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str 
                         "or set HOSTS=host1,host2 to have it written")
         return hostfile, None, False
     try:
-        return hostfile, parse_hostfile(Path(hostfile).read_text(), hostfile), False
+        return hostfile, read_hostfile(hostfile), False
     except HostfileError as e:
         problems.append(f"HOSTFILE: {e}")
         return hostfile, None, False

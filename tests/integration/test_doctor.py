@@ -105,3 +105,31 @@ def test_nvme_config_requires_async_io(tmp_path, capsys):
     assert code == 1, out
     assert re.search(r"^FAIL  op:async_io +not compatible .*\(needed: offload_param to nvme\) "
                      r"\(fix: install libaio: `apt install libaio-dev`", out, re.MULTILINE), out
+
+
+def test_input_files_are_checked_before_any_check_runs(tmp_path, capsys):
+    """A hostfile DeepSpeed would refuse and unreadable inputs: exit 2, each named with its fix, nothing run."""
+    spaced, binary = tmp_path / "hostfile", tmp_path / "ds_config.json"
+    spaced.write_text("# node list\nlocalhost slots = 2\n")
+    binary.write_bytes(b"\xff\xfe{}")
+    for args, expected in (
+        (["--hostfile", str(spaced)], [f"error: --hostfile: {spaced}:2: 'localhost slots = 2' is not `hostname "
+                                       "slots=N`: write `localhost slots=2` (DeepSpeed takes no spaces around =)"]),
+        (["--hostfile", str(tmp_path)], [f"error: --hostfile: cannot read hostfile {tmp_path}: Is a directory"]),
+        (["--config", str(binary), "--hostfile", str(tmp_path / "none")],
+         [f"error: --config {binary} is not a text file", f"cannot read hostfile {tmp_path / 'none'}: No such file"]),
+        (["--config", str(tmp_path)], [f"error: --config: ds_config {tmp_path} not found"]),
+    ):
+        code = cli_main(["doctor", *args])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "", (args, out, err)
+        assert all(text in err for text in expected), err
+
+
+def test_hostfile_with_max_slots_passes_as_it_does_for_deepspeed(tmp_path, capsys):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2 max_slots=4\n")
+    code, out = doctor_in_process(capsys, "--hostfile", str(hostfile), "--json", *skip("versions", "ops", "hosts"),
+                                  *QUICK)
+    [result] = json.loads(out)["results"]
+    assert code == 0 and (result["status"], result["data"]) == ("OK", {"hosts": {"localhost": 2}})
