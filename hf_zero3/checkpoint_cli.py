@@ -47,8 +47,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"wrote {out}: resume on any number of ranks with --resume_from_checkpoint {args.checkpoint} "
                   'and "checkpoint": {"load_universal": true} in the ds_config')
         else:
-            from hf_zero3.hub import push_folder
+            from hf_zero3.hub import check_repo_id, push_folder
 
+            check_repo_id(args.repo_id, "--repo-id")
             url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
             print(f"pushed {args.folder} to {args.repo_id}: {url}")
     except CheckpointError as e:

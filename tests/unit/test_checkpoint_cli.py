@@ -1,15 +1,23 @@
 """`hf-zero3 export | reshard | push`: every user mistake exits 2 with a message naming the fix, no traceback, and
-nothing written."""
+nothing written. Push failures go through a real HTTP server on 127.0.0.1 (and a closed port) via HF_ENDPOINT."""
 
 from __future__ import annotations
 
+import secrets
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_zero3.checkpoint import is_complete, write_marker
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
+from tests.conftest import explain, run
+
+TOKEN = "hf_" + secrets.token_hex(16)
 
 
 def tree(root: Path) -> list[str]:
@@ -97,3 +105,70 @@ def test_unusable_input_is_named(capsys, tmp_path, verb, kind):
     code, output = cli(capsys, *[a.format(input=given, out=tmp_path / "out") for a in verb])
     assert code == 2 and output.startswith("error: ") and str(given) in output, output
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("repo_id", ["a/b/c", "org/my model", "!!", "", "/name", "org/", "name", "org//name",
+                                     "org/na--me", "org/" + "x" * 100])
+def test_every_invalid_repo_id_is_refused_with_the_form(capsys, tmp_path, repo_id):
+    code, output = cli(capsys, "push", tmp_path / "not-even-a-folder", "--repo-id", repo_id)
+    assert code == 2, output
+    assert output.startswith(f"error: --repo-id {repo_id!r} is not ORG/NAME: set --repo-id to ORG/NAME, e.g. "
+                             "my-org/llama-8b-sft (one `/` between"), output
+
+
+@pytest.fixture
+def exported(tmp_path) -> Path:
+    """The smallest folder a push accepts: non-empty weights and a config."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    save_file({"w": torch.ones(2, 2)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """A Hub that answers 401 to everything, as huggingface.co does without a valid token."""
+
+    def log_message(self, *args):
+        pass
+
+    def _refuse(self):
+        body = b'{"error": "Invalid credentials in Authorization header"}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_HEAD = _refuse
+
+
+def push(folder: Path, endpoint: str, tmp_path: Path):
+    return run(["python", "-m", "hf_zero3", "push", folder, "--repo-id", "org/name"], timeout=120,
+               HF_ENDPOINT=endpoint, HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "hf_home"),
+               HF_HUB_DISABLE_TELEMETRY="1")
+
+
+def test_push_refused_by_the_hub_names_hf_token_and_login(exported, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = push(exported, f"http://127.0.0.1:{server.server_address[1]}", tmp_path)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, explain(proc)
+    assert f"error: the Hub at http://127.0.0.1:{server.server_address[1]} refused the request as unauthenticated " \
+           "(HTTP 401): set HF_TOKEN to a token with write access, or run `hf auth login`" in proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_push_to_an_unreachable_hub_names_hf_endpoint_and_the_network(exported, tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on: bound, never listening, so the connection is refused
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        proc = push(exported, endpoint, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, explain(proc)
+    assert f"error: cannot reach the Hub at {endpoint} (" in proc.stderr and "Connection refused" in proc.stderr
+    assert "check the network, and HF_ENDPOINT" in proc.stderr
