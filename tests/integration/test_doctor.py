@@ -113,8 +113,8 @@ def test_input_files_are_checked_before_any_check_runs(tmp_path, capsys):
     spaced.write_text("# node list\nlocalhost slots = 2\n")
     binary.write_bytes(b"\xff\xfe{}")
     for args, expected in (
-        (["--hostfile", str(spaced)], [f"error: --hostfile: {spaced}:2: 'localhost slots = 2' is not `hostname "
-                                       "slots=N`: write `localhost slots=2` (DeepSpeed takes no spaces around =)"]),
+        (["--hostfile", str(spaced)], [(f"error: --hostfile: {spaced}:2: 'localhost slots = 2' is not `hostname "
+                                        "slots=N`: write `localhost slots=2` (DeepSpeed takes no spaces around =)")]),
         (["--hostfile", str(tmp_path)], [f"error: --hostfile: cannot read hostfile {tmp_path}: Is a directory"]),
         (["--config", str(binary), "--hostfile", str(tmp_path / "none")],
          [f"error: --config {binary} is not a text file", f"cannot read hostfile {tmp_path / 'none'}: No such file"]),

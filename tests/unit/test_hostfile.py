@@ -67,8 +67,8 @@ def test_errors_name_every_bad_line_and_its_fix():
     with pytest.raises(doctor.HostfileError) as err:
         doctor.parse_hostfile("a slots=2\nlocalhost slots = 2\nc\na slots=1\nd 4\n", "hf")
     message = str(err.value)
-    for expected in ("hf:2: 'localhost slots = 2' is not `hostname slots=N`: write `localhost slots=2` "
-                     "(DeepSpeed takes no spaces around =)",
+    for expected in (("hf:2: 'localhost slots = 2' is not `hostname slots=N`: write `localhost slots=2` "
+                      "(DeepSpeed takes no spaces around =)"),
                      "hf:3: 'c' is not `hostname slots=N`: add the number of ranks: `c slots=N`",
                      "hf:4: host a is listed twice: keep one line per host",
                      "hf:5: 'd 4' is not `hostname slots=N`: write `hostname slots=N`"):
