@@ -7,6 +7,7 @@ memory), launched as a user would launch it: DeepSpeed's launcher for ZeRO, torc
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -216,12 +217,29 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str) -> int:
     return proc.returncode
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill a variant's launcher and everything it started. DeepSpeed's single-node launcher does not pass a
+    SIGTERM on, so its ranks would outlive a stopped bench: loading the machine, writing into the work dir."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(tree, timeout=30)
+
+
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
-              global_batch: int, command: str) -> Path:
-    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md.
+              global_batch: int, command: str) -> tuple[Path, dict[str, str]]:
+    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md and
+    the variants that failed (name -> error).
 
-    The report is rewritten after each variant, so a bench cut short still leaves what it measured.
+    The report is rewritten after each variant, so a bench cut short still leaves what it measured; a bench
+    stopped by an exception (or SIGTERM, which `hf-zero3 bench` turns into one) stops the running variant first.
     """
     from hf_zero3.distributed import cuda_available, free_port
 
@@ -249,12 +267,17 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         cmd = launch_command(variant, gpus, free_port(), recipe_dir / "train_args.yaml", overrides)
         with (work_dir / f"{variant.name}.log").open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
-                           f"[{index}/{len(variants)}] {variant.name}")
+            try:
+                code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
+                               f"[{index}/{len(variants)}] {variant.name}")
+            finally:
+                if proc.poll() is None:  # the bench itself is stopping
+                    _stop(proc)
         records = _read_jsonl(run_dir / "train_log.jsonl")
         per_variant[variant.name] = records
         if code != 0:
-            tail = (work_dir / f"{variant.name}.log").read_text().strip().splitlines()[-1:] or ["?"]
+            lines = (work_dir / f"{variant.name}.log").read_text().strip().splitlines()
+            tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]  # train's own
             results[variant.name] = {"error": f"exit {code}: {tail[0][:160]} (log: {work_dir / variant.name}.log)"}
         else:
             results[variant.name] = summarize(records, warmup)
@@ -262,7 +285,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         meta["configs"][variant.name] = json.loads(run_config.read_text()) if run_config.exists() else {}
         meta["configs"][variant.name]["command"] = shlex.join(cmd)
         _write_outputs(report, meta, results, per_variant)
-    return report
+    return report, {name: r["error"] for name, r in results.items() if "error" in r}
 
 
 def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[str, list[dict]]) -> None:

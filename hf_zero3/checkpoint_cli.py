@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hf_zero3.plan_cli import parse_size  # the one size grammar
+
 
 def add_arguments(verbs) -> None:
     """Add the export, reshard and push verbs to the `hf-zero3` subparsers."""
@@ -12,7 +14,8 @@ def add_arguments(verbs) -> None:
     export.add_argument("checkpoint", help="a complete checkpoint-N folder")
     export.add_argument("out", help="new (or empty) output folder")
     export.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
-    export.add_argument("--shard-size", default="5GB", help="max safetensors shard size, e.g. 5GB, 500MB")
+    export.add_argument("--shard-size", type=parse_size, default="5GB",
+                        help="max safetensors shard size, e.g. 5GB, 500MB (10^n bytes), 1GiB (2^30 bytes)")
     export.set_defaults(func=main)
 
     reshard = verbs.add_parser("reshard", help="add a DeepSpeed universal copy, to resume on another world size")
@@ -44,11 +47,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"wrote {out}: resume on any number of ranks with --resume_from_checkpoint {args.checkpoint} "
                   'and "checkpoint": {"load_universal": true} in the ds_config')
         else:
-            from hf_zero3.hub import push_folder
+            from hf_zero3.hub import check_repo_id, push_folder
 
+            check_repo_id(args.repo_id, "--repo-id")
             url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
             print(f"pushed {args.folder} to {args.repo_id}: {url}")
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an input that cannot be read (the checks above name every other problem)
+        where = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+        print(f"error: cannot read {where}: check the path and its permissions", file=sys.stderr)
         return 2
     return 0

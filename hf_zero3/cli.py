@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -145,12 +146,16 @@ def _bench(args: argparse.Namespace) -> int:
                               overrides=values.get("config_overrides"))
     model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
              f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
-    report = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
-                       out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
-                       model_label=label, model=model, seq_len=values.get("block_size", 512), global_batch=global_batch,
-                       command="hf-zero3 " + " ".join(args.argv))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # so run_bench stops its ranks
+    report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
+                               out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
+                               breakdown=args.breakdown, model_label=label, model=model,
+                               seq_len=values.get("block_size", 512), global_batch=global_batch,
+                               command="hf-zero3 " + " ".join(args.argv))
     print(f"wrote {report}")
-    return 0
+    for name, error in failed.items():
+        print(f"error: variant {name} failed, so the report has no numbers for it: {error}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _gpu_count() -> int:

@@ -37,15 +37,37 @@ def _require_complete(checkpoint: Path) -> None:
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint: {'; '.join(problems[:5])}")
 
 
-def _staging(out: Path) -> Path:
-    """out must be new or empty (nothing is overwritten); we write next to it and rename when done."""
+def shard_bytes(size: str | int) -> int:
+    """Bytes per safetensors shard: an int, or text in the planner's size grammar (5GB, 500MB, 1GiB, 512G)."""
+    from argparse import ArgumentTypeError
+
+    from hf_zero3.plan_cli import parse_size
+
+    try:
+        value = parse_size(size) if isinstance(size, str) else int(size)
+    except (ArgumentTypeError, TypeError, ValueError) as e:
+        raise CheckpointError(f"shard size: {e}") from None
+    if value < 1:
+        raise CheckpointError(f"shard size {size!r} is not positive: give one of at least 1 byte, e.g. 5GB, "
+                              "500MB or 1GiB")
+    return value
+
+
+def _staging(out: Path) -> tuple[Path, Path]:
+    """out must be new or empty (nothing is overwritten); we write next to it and rename when done.
+
+    Returns (the staging folder, the outermost folder this created): what to remove if the export fails."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty: choose a new output folder")
     tmp = out.with_name(f".{out.name}.partial")
     if tmp.exists():
-        shutil.rmtree(tmp)  # our own leftover from an interrupted export
-    tmp.mkdir(parents=True)
-    return tmp
+        shutil.rmtree(tmp)  # our own leftover from an export that was killed
+    created = next((p for p in reversed(tmp.parents) if not p.exists()), tmp)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create {tmp}: {e.strerror}: choose an output folder you can write to") from e
+    return tmp, created
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: str = "bf16",
@@ -53,19 +75,39 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     """Write `out`: sharded safetensors of the fp32 master weights cast to `dtype`, config, tokenizer, card.
 
     Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, as
-    `save_pretrained` does; `from_pretrained` ties them again.
+    `save_pretrained` does; `from_pretrained` ties them again. Arguments are checked before anything is
+    written, and a failed export leaves nothing behind (the staging folder and any folder it created go).
     """
+    checkpoint, out = Path(checkpoint), Path(out)
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    max_shard_size = shard_bytes(max_shard_size)
+    _require_complete(checkpoint)
+    tmp, created = _staging(out)
+    try:
+        _write_export(checkpoint, tmp, dtype, max_shard_size)
+        if problems := verify_weights(tmp, shapes_from=checkpoint):
+            raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
+        tmp.rename(out)
+    except BaseException as e:
+        shutil.rmtree(created, ignore_errors=True)  # a failed export leaves nothing behind
+        if isinstance(e, OSError):
+            raise CheckpointError(f"export of {checkpoint} failed, nothing written: {e}: check that the checkpoint "
+                                  f"is readable and that {out.parent} is writable with free space") from e
+        if isinstance(e, Exception) and not isinstance(e, CheckpointError):
+            raise CheckpointError(f"export of {checkpoint} failed, nothing written: {type(e).__name__}: {e}: its "
+                                  "DeepSpeed files are unreadable; export another complete checkpoint") from e
+        raise
+    return out
+
+
+def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, to_torch_tensor
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
     from hf_zero3.hub import model_card
 
-    checkpoint, out = Path(checkpoint), Path(out)
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    _require_complete(checkpoint)
-    tmp = _staging(out)
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
     first_name: dict[int, str] = {}
     lazy = {name: t for name, t in lazy.items() if first_name.setdefault(id(t), name) == name}
@@ -87,11 +129,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (tmp / "README.md").write_text(model_card(checkpoint, dtype=dtype))
-    if problems := verify_weights(tmp, shapes_from=checkpoint):
-        raise CheckpointError(f"export of {checkpoint} is wrong (kept for inspection in {tmp}): "
-                              f"{'; '.join(problems)}")
-    tmp.rename(out)
-    return out
 
 
 def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
@@ -113,10 +150,17 @@ def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
     tmp = checkpoint / f".{out.name}.partial"
     if tmp.exists():
         shutil.rmtree(tmp)
-    ds_to_universal(Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=workers,
-                              num_merge_workers=workers, keep_temp_folder=False, strict=True,
-                              inject_missing_state=True))
-    tmp.rename(out)
+    try:
+        ds_to_universal(Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=workers,
+                                  num_merge_workers=workers, keep_temp_folder=False, strict=True,
+                                  inject_missing_state=True))
+        tmp.rename(out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+        if isinstance(e, Exception):
+            raise CheckpointError(f"reshard of {checkpoint} failed, nothing written: {type(e).__name__}: {e}: check "
+                                  f"that its files are readable and that it has free space") from e
+        raise
     (checkpoint / ".latest_universal.tmp").write_text(out.name)
     os.replace(checkpoint / ".latest_universal.tmp", checkpoint / "latest_universal")
     return out

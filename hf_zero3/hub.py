@@ -61,6 +61,55 @@ def model_card(checkpoint: str | os.PathLike, dtype: str) -> str:
             "`AutoModelForCausalLM.from_pretrained`.\n\n| | |\n|---|---|\n" + table + "\n" + configs)
 
 
+def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
+    """`repo_id` if it is ORG/NAME as the Hub takes it, else CheckpointError naming `setting` and the form.
+
+    Checked before anything is exported or uploaded: huggingface_hub would fail only then, and a bare NAME it
+    would quietly put under the token's user."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+            raise HFValidationError("not ORG/NAME")
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise CheckpointError(f"{setting} {repo_id!r} is not ORG/NAME: set {setting} to ORG/NAME, e.g. "
+                              "my-org/llama-8b-sft (one `/` between user or organization and model name; letters, "
+                              "digits, '-', '_', '.', not at either end, no '--' or '..'; 96 characters at most)"
+                              ) from None
+    return repo_id
+
+
+def _push_error(e: Exception, repo_id: str) -> CheckpointError | None:
+    """A push failure as an error that names the fix, or None for one we cannot explain better."""
+    import socket
+
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+
+    causes, cause = [], e
+    while cause is not None and len(causes) < 10:  # the HTTP library's error wraps the socket's
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    where = f"the Hub at {constants.ENDPOINT}"
+    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else None
+    if isinstance(e, LocalTokenNotFoundError) or status == 401:
+        return CheckpointError(f"{where} refused the request as unauthenticated (HTTP 401): set HF_TOKEN to a token "
+                               "with write access, or run `hf auth login`")
+    if status == 403:
+        return CheckpointError(f"{where} refused to let this token write to {repo_id} (HTTP 403): use a token with "
+                               f"write access to {repo_id.split('/')[0]} (HF_TOKEN or `hf auth login`)")
+    if isinstance(e, OfflineModeIsEnabled):
+        return CheckpointError("HF_HUB_OFFLINE is set, so nothing can be pushed: unset it")
+    if any(isinstance(c, (ConnectionError, TimeoutError, socket.gaierror)) for c in causes):
+        return CheckpointError(f"cannot reach {where} ({causes[-1]}): check the network, and HF_ENDPOINT if you set "
+                               "it (unset, it is https://huggingface.co)")
+    if status is not None:
+        return CheckpointError(f"{where} answered HTTP {status} for {repo_id}: {e}")
+    return None
+
+
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, revision: str | None = None,
                 commit_message: str | None = None) -> str:
     """Upload the model files of an exported `folder` to `repo_id` (created if needed); returns the commit URL.
@@ -71,15 +120,21 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
     from huggingface_hub import HfApi
 
     folder = Path(folder)
+    check_repo_id(repo_id)
     if problems := verify_weights(folder):
         raise CheckpointError(f"not pushing {folder}: {'; '.join(problems)}. Push a folder written by "
                               "`hf-zero3 export`")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"not pushing {folder}: no config.json, so from_pretrained could not load it")
     api = HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    if revision:
-        api.create_branch(repo_id, branch=revision, exist_ok=True)
-    info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
-                             commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if revision:
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
+                                 commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
+    except Exception as e:
+        if (error := _push_error(e, repo_id)) is None:
+            raise
+        raise error from e
     return info.commit_url

@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3.checkpoint import CheckpointError, is_complete
+from hf_zero3.hub import check_repo_id
 
 STAGING_PREFIX = ".hub-export-"
 """Staging folders in output_dir: `.hub-export-XXXX/source/RUN/checkpoint-N` (the hard-link snapshot) and
@@ -80,8 +81,7 @@ class HubPushCallback(TrainerCallback):
 
     def __init__(self, repo_id: str, private: bool = False, revision: str | None = None, dtype: str = "bf16",
                  max_shard_size: str = "5GB"):
-        if not repo_id or "/" not in repo_id:
-            raise CheckpointError(f"hub repo id {repo_id!r}: set hub_model_id to ORG/NAME")
+        check_repo_id(repo_id, "hub_model_id")
         self.repo_id, self.private, self.revision = repo_id, private, revision
         self.dtype, self.max_shard_size = dtype, max_shard_size
         self._worker: threading.Thread | None = None

@@ -2,19 +2,56 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.conftest import explain, run
+from tests.conftest import ROOT, explain, run, subprocess_env
 
 pytestmark = pytest.mark.integration
+
+STALL_S = 600
+"""A bench that writes nothing for this long is stuck. Its total time has no limit: two 2-rank DeepSpeed starts
+(and, on a fresh machine, DeepSpeed's CPU all-reduce op compiling) take minutes on a loaded machine, and a
+fixed limit stopped the bench halfway, leaving a report with only the first variant's rows."""
+
+
+def _newest_change(folder: Path) -> float:
+    newest = folder.stat().st_mtime
+    for path in folder.rglob("*"):
+        try:
+            newest = max(newest, path.stat().st_mtime)
+        except FileNotFoundError:  # the bench clears a variant's run folder as it starts it
+            pass
+    return newest
+
+
+def bench(*args, folder: Path) -> subprocess.CompletedProcess:
+    """`hf-zero3 bench ARGS` writing under `folder`; stopped (SIGTERM: the bench then stops its ranks) only when
+    nothing under `folder` has changed for STALL_S."""
+    cmd = [str(a) for a in ("python", "-m", "hf_zero3", "bench", *args)]
+    log = folder / "bench.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            time.sleep(2)
+            if time.time() - _newest_change(folder) > STALL_S:
+                proc.terminate()
+                proc.wait(120)
+                pytest.fail(f"bench stuck: nothing written for {STALL_S} s\n{log.read_text()[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text(), "")
 
 
 def test_bench_tiny_against_stock_writes_report_jsonl_and_png(tmp_path):
     out, work = tmp_path / "benchmarks", tmp_path / "work"
-    proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--steps", "4", "--warmup", "1", "--against", "stock",
-                "--out", out, "--work-dir", work, "--", "--per_device_train_batch_size", "4"])
+    proc = bench("tiny", "--steps", "4", "--warmup", "1", "--against", "stock", "--out", out, "--work-dir", work,
+                 "--", "--per_device_train_batch_size", "4", folder=tmp_path)
     assert proc.returncode == 0, explain(proc)
     [report] = out.glob("tiny_cpu*_*.md")
     text = report.read_text()
@@ -28,6 +65,51 @@ def test_bench_tiny_against_stock_writes_report_jsonl_and_png(tmp_path):
         assert all(r["tokens_per_s_per_gpu"] > 0 for r in steps)
     png = report.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failed_variant_fails_the_bench_and_is_named(tmp_path):
+    """block_size above the model's positions: every variant's ranks refuse it; the report says so, exit 1."""
+    out = tmp_path / "benchmarks"
+    proc = bench("tiny", "--steps", "1", "--warmup", "0", "--out", out, "--work-dir", tmp_path / "work",
+                 "--", "--block_size", "100000", folder=tmp_path)
+    assert proc.returncode == 1, explain(proc)
+    reason = "exit 2: error: block_size=100000 exceeds the model's max positions (512)"
+    assert f"error: variant ours failed, so the report has no numbers for it: {reason}" in proc.stdout, explain(proc)
+    assert f"error: variant stock failed, so the report has no numbers for it: {reason}" in proc.stdout
+    [report] = out.glob("tiny_cpu*_*.md")
+    assert f"| ours | failed: {reason}" in report.read_text()
+
+
+def _second_rank(process: psutil.Process) -> bool:
+    try:
+        return "--local_rank=1" in process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return False
+
+
+def test_a_stopped_bench_stops_its_ranks(tmp_path):
+    """SIGTERM to the bench: no rank goes on running (DeepSpeed's launcher alone would leave them)."""
+    with (tmp_path / "bench.log").open("w") as log:
+        proc = subprocess.Popen(["python", "-m", "hf_zero3", "bench", "tiny", "--steps", "50", "--out",
+                                 str(tmp_path / "benchmarks"), "--work-dir", str(tmp_path / "work")],
+                                cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
+    bench_process, tree = psutil.Process(proc.pid), []
+    try:
+        deadline = time.time() + STALL_S
+        while proc.poll() is None and time.time() < deadline:
+            tree = bench_process.children(recursive=True)
+            if any(map(_second_rank, tree)):
+                break
+            time.sleep(1)
+        assert any(map(_second_rank, tree)), (tmp_path / "bench.log").read_text()[-4000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(tree, timeout=60)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        for process in [bench_process, *tree]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 def test_bench_rejects_unknown_recipe_and_baseline(tmp_path):

@@ -381,7 +381,7 @@ def test_model_card_reports_recipe_hardware_loss_and_configs(tmp_path):
 def test_cli_registers_export_reshard_push_and_fails_clearly_on_an_incomplete_checkpoint(tmp_path, capsys):
     parser = build_parser()
     args = parser.parse_args(["export", "ck", "out", "--dtype", "fp32", "--shard-size", "1MB"])
-    assert (args.checkpoint, args.out, args.dtype, args.shard_size) == ("ck", "out", "fp32", "1MB")
+    assert (args.checkpoint, args.out, args.dtype, args.shard_size) == ("ck", "out", "fp32", 10**6)  # bytes, parsed
     args = parser.parse_args(["push", "out", "--repo-id", "org/name", "--private", "--revision", "v1"])
     assert (args.repo_id, args.private, args.revision) == ("org/name", True, "v1")
     assert parser.parse_args(["reshard", "ck"]).checkpoint == "ck"

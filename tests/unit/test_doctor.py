@@ -54,21 +54,6 @@ def test_bus_bandwidth_matches_nccl_tests(bytes_, seconds, world, algbw, busbw):
     assert bus_bandwidth(bytes_, seconds, world) == pytest.approx((algbw, busbw))
 
 
-def test_hostfile_parses_deepspeed_format_with_comments():
-    text = "# cluster\nnode-1 slots=8\n\n  node-2   slots=4  # spare\n"
-    assert doctor.parse_hostfile(text) == {"node-1": 8, "node-2": 4}
-
-
-def test_hostfile_names_every_bad_line_at_once():
-    with pytest.raises(doctor.HostfileError) as err:
-        doctor.parse_hostfile("a slots=2\nb slot=2\nc slots=0\na slots=1\nd\n", "hf")
-    message = str(err.value)
-    for expected in ("hf:2: 'b slot=2'", "hf:3: 'c slots=0'", "hf:4: host a is listed twice", "hf:5: 'd'"):
-        assert expected in message
-    with pytest.raises(doctor.HostfileError, match="no hosts"):
-        doctor.parse_hostfile("# empty\n")
-
-
 def test_bad_hostfile_is_a_failure_with_the_format(tmp_path):
     path = tmp_path / "hostfile"
     path.write_text("node1 gpus=8\n")
