@@ -118,10 +118,12 @@ def _bench(args: argparse.Namespace) -> int:
     from hf_zero3.distributed import cuda_available
     from hf_zero3.train import load_arguments
 
-    recipe = Path(args.recipe) if Path(args.recipe).is_dir() else Path("recipes") / args.recipe
-    if not (recipe / "train_args.yaml").is_file() or not (recipe / "ds_config.json").is_file():
-        print(f"error: {args.recipe} is not a recipe folder (train_args.yaml + ds_config.json); "
-              f"try one of: {', '.join(sorted(p.name for p in Path('recipes').glob('*/')))}", file=sys.stderr)
+    from hf_zero3.recipes import RecipeError, get
+
+    try:
+        recipe = get(args.recipe).folder
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     against = [a for a in args.against.split(",") if a]
     unknown = [a for a in against if a not in BASELINES]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from hf_zero3 import recipes
 """Repository root: recipes/ and assets/ are looked up here."""
 
 
@@ -126,7 +126,7 @@ def _llama2(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads:
 
 
 NAMED_SHAPES: dict[str, Any] = {
-    "tiny": lambda: load_config_shape(str(ROOT / "assets" / "tiny" / "model"), name="tiny"),
+    "tiny": lambda: load_config_shape(str(recipes.ROOT / "assets" / "tiny" / "model"), name="tiny"),
     "7b": lambda: _llama2("7b", 32, 4096, 11008, 32, 32),
     "13b": lambda: _llama2("13b", 40, 5120, 13824, 40, 40),
     "70b": lambda: _llama2("70b", 80, 8192, 28672, 64, 8),
@@ -181,35 +181,24 @@ def load_config_shape(source: str, name: str = "", overrides: str | None = None)
     return shape_from_config(config, name or source)
 
 
-def _recipe_model(recipe_yaml: Path) -> tuple[str, str | None]:
-    import yaml
-
-    values = yaml.safe_load(recipe_yaml.read_text()) or {}
-    source = values.get("model_name_or_path") or values.get("config_name")
-    if not source:
-        raise ModelError(f"{recipe_yaml} names no model (model_name_or_path or config_name): add one")
-    if not os.path.isabs(source) and (ROOT / source).exists():
-        source = str(ROOT / source)
-    return source, values.get("config_overrides")
-
-
 def load_shape(model: str) -> ModelShape:
     """`--model`: a named shape, a recipe name (recipes/<name>/), a config folder (or its config.json), a hub id."""
     if model in NAMED_SHAPES:
         return NAMED_SHAPES[model]()
-    recipe = ROOT / "recipes" / model / "train_args.yaml"
-    if "/" not in model and recipe.is_file():
-        source, overrides = _recipe_model(recipe)
-        return load_config_shape(source, name=model, overrides=overrides)
+    recipe = recipes.find(model) if "/" not in model else None
+    if recipe is not None:
+        if not recipe.model:
+            raise ModelError(f"{recipe.yaml} names no model (model_name_or_path or config_name): add one")
+        return load_config_shape(recipe.model, name=model, overrides=recipe.config_overrides)
     path = Path(model).expanduser()
     if path.is_file() and path.name == "config.json":
         path = path.parent
     if path.is_dir():
         return load_config_shape(str(path), name=model)
     if model.startswith((".", "/", "~")) or model.count("/") != 1:
-        recipes = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/train_args.yaml"))
         raise ModelError(f"unknown model {model!r}: use a named shape ({', '.join(NAMED_SHAPES)}), a recipe "
-                         f"({', '.join(recipes) or 'none'}), a folder with config.json, or a hub id like org/name")
+                         f"({', '.join(recipes.names()) or 'none'}), a folder with config.json, or a hub id like "
+                         "org/name")
     return load_config_shape(model)
 
 

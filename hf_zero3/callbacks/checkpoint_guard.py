@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3 import checkpoint as ckpt
+from hf_zero3 import recipes
 from hf_zero3.callbacks._gather import gather_from_ranks
 
 
@@ -160,16 +161,8 @@ def _hardware(args) -> dict:
 
 
 def _recipe(args) -> dict:
-    """A recipe is a folder with train_args.yaml next to ds_config.json; its first line says `(vN)`."""
-    import re
-
-    if not isinstance(args.deepspeed, str):
-        return {}
-    yaml_file = Path(args.deepspeed).parent / "train_args.yaml"
-    if not yaml_file.is_file():
-        return {}
-    version = re.search(r"\(v(\d+)\)", (yaml_file.read_text().splitlines() or [""])[0])
-    return {"name": yaml_file.parent.name, "version": f"v{version.group(1)}" if version else None}
+    recipe = recipes.of_ds_config(args.deepspeed)
+    return {"name": recipe.name, "version": recipe.version} if recipe else {}
 
 
 def _provenance(args, state, started) -> dict:

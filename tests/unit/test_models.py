@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
-from hf_zero3 import models
+from hf_zero3 import models, recipes
 from hf_zero3.models import (
     NAMED_SHAPES,
     ModelError,
@@ -18,7 +18,7 @@ from hf_zero3.models import (
     with_changes,
 )
 
-TINY_DIR = models.ROOT / "assets" / "tiny" / "model"
+TINY_DIR = recipes.ROOT / "assets" / "tiny" / "model"
 
 
 def _meta_llama(shape: ModelShape) -> LlamaForCausalLM:
@@ -79,7 +79,7 @@ def test_recipe_name_reads_its_model_and_overrides(tmp_path, monkeypatch):
     recipe = tmp_path / "recipes" / "small"
     recipe.mkdir(parents=True)
     (recipe / "train_args.yaml").write_text(f"config_name: {TINY_DIR}\nconfig_overrides: num_hidden_layers=2\n")
-    monkeypatch.setattr(models, "ROOT", tmp_path)
+    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path / "recipes")
     shape = load_shape("small")
     assert (shape.name, shape.layers, shape.hidden) == ("small", 2, 128)
 
