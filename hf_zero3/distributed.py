@@ -46,6 +46,15 @@ def is_world_process_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def launched_world_size() -> int | None:
+    """The world size the launcher started, before any process group exists: None where only MPI or srun knows it."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    if any(name in os.environ for name in MPI_VARIABLES) or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return None
+    return 1
+
+
 def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
     if "WORLD_SIZE" not in os.environ:
@@ -100,3 +109,4 @@ def release_shm_buffer_names() -> None:
         return
     dist.barrier()
     shm_buffer_path(dist.get_rank()).unlink(missing_ok=True)
+
