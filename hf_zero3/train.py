@@ -30,6 +30,7 @@ from hf_zero3.distributed import (
     is_world_process_zero,
     launched_world_size,
     prepare_process_group,
+    process_group_released,
 )
 
 
@@ -487,7 +488,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     try:
-        run(argv, extra_callbacks)
+        with process_group_released(UsageError, DataError, LaunchError):
+            run(argv, extra_callbacks)
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)

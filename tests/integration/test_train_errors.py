@@ -3,14 +3,34 @@ traceback, nothing written. Few 2-rank runs: they are the slow part of the suite
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
 from hf_zero3.distributed import free_port
-from tests.conftest import ROOT, TINY_YAML, explain, run
+from tests.conftest import ROOT, TINY_YAML, explain, run, subprocess_env
 
 pytestmark = pytest.mark.integration
+
+
+def run_ranks(args: list, tmp_path, world: int = 2) -> list[tuple[int, str]]:
+    """`python -m hf_zero3.train ARGS` started once per rank by hand (as a launcher would: rank variables, one free
+    port), so that each rank's own exit code is seen; no launcher kills the others when the first one exits."""
+    port, procs = str(free_port()), []
+    for rank in range(world):
+        log = open(tmp_path / f"rank{rank}.log", "w+")  # noqa: SIM115 -- closed below
+        env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append((subprocess.Popen([sys.executable, "-m", "hf_zero3.train", *map(str, args)], cwd=ROOT, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    results = []
+    for proc, log in procs:
+        proc.wait(timeout=600)
+        log.seek(0)
+        results.append((proc.returncode, log.read()))
+        log.close()
+    return results
 
 
 def test_missing_train_file_under_the_deepspeed_launcher_exits_2(tmp_path):
@@ -23,6 +43,17 @@ def test_missing_train_file_under_the_deepspeed_launcher_exits_2(tmp_path):
     assert "fix the path" in output
     assert "Traceback" not in output and "terminate called" not in output, explain(proc)
     assert not out.exists()
+
+
+def test_an_error_after_zero3_started_exits_2_on_every_rank(tmp_path):
+    """The process group, DeepSpeed and a ZeRO-3 partitioned model exist when the data error comes: each rank
+    still exits 2 (it used to abort at exit with 134, "terminate called without an active exception")."""
+    results = run_ranks([TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "out"], tmp_path)
+    for rank, (code, log) in enumerate(results):
+        assert code == 2, f"rank {rank}: exit {code}\n{log[-4000:]}"
+        assert "Traceback" not in log and "terminate called" not in log, log[-4000:]
+    message = "error: text_column 'nope' not found in the train data; its columns are ['text']. Set text_column"
+    assert [message in log for _, log in results] == [True, False]  # rank 0 prints
 
 
 def test_unreachable_dataset_name_is_a_clean_error(tmp_path):

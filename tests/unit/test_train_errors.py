@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -262,3 +264,13 @@ def test_all_input_problems_are_reported_together(tmp_path, capsys):
     assert f"error: validation_file {str(tmp_path)!r} has unsupported extension" in err
     assert f"error: tokenizer_name {tmp_path} holds no tokenizer" in err
 
+
+def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_threads(tmp_path, capsys):
+    """The cause of the exit-134 aborts: gloo and TCPStore threads still running while the interpreter exits."""
+    import torch.distributed as dist
+
+    err = train_fails_with(capsys, TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "o")
+    assert "text_column 'nope' not found in the train data" in err
+    assert not dist.is_initialized()
+    threads = {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")}
+    assert not threads & {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}, threads
