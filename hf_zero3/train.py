@@ -38,6 +38,17 @@ class UsageError(ValueError):
     """Bad command-line or YAML input; the message names the fix."""
 
 
+class ArgumentParser(transformers.HfArgumentParser):
+    """HfArgumentParser whose ValueErrors (an unknown eval_strategy, TrainingArguments' own consistency checks such
+    as fp16 with bf16) are usage errors: exit 2 with the message, not a traceback."""
+
+    def parse_dict(self, *args, **kwargs):
+        try:
+            return super().parse_dict(*args, **kwargs)
+        except ValueError as e:
+            raise UsageError(f"bad arguments: {e}") from e
+
+
 @dataclass
 class ModelArguments:
     """Which model to train: pretrained weights (`model_name_or_path`) or a config to start from scratch."""
@@ -398,7 +409,7 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
 
 def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
-    from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
+    from transformers import Trainer, default_data_collator, set_seed
 
     from hf_zero3.callbacks import (
         DeepSpeedTimersCallback,
@@ -415,11 +426,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         values["use_cpu"] = True
     check_inputs(values, device="cpu" if on_cpu else "cuda")
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    try:
-        model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
-    except ValueError as e:  # TrainingArguments' own consistency checks, e.g. an unknown eval_strategy
-        raise UsageError(f"TrainingArguments: {e}") from e
+    parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
     resume = _check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
                                training_args.overwrite_output_dir)
 

@@ -274,3 +274,10 @@ def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_th
     assert not dist.is_initialized()
     threads = {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")}
     assert not threads & {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}, threads
+
+
+def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--eval_strategy", "sometimes",
+                           "--output_dir", tmp_path / "o")
+    assert "error: bad arguments: sometimes is not a valid IntervalStrategy, please select one of ['no', 'steps', 'epoch']" in err
+    assert not (tmp_path / "o").exists()
