@@ -92,6 +92,24 @@ def _load_file(path: str, what: str) -> datasets.Dataset:
     return datasets.load_dataset(BUILDERS[os.path.splitext(path)[1].lower()], data_files=path, split="train")
 
 
+def _not_loaded(name: str, error: Exception) -> str:
+    return (f"dataset_name {name!r} could not be loaded: {error}. Without network access (or with HF_HUB_OFFLINE=1) "
+            "only datasets already in the HF cache load: run once where the Hub is reachable to fill the cache "
+            "(HF_HOME), or pass train_file with a local file instead.")
+
+
+def dataset_problem(name: str, config: str | None) -> str | None:
+    """What stops a hub dataset from loading (None: nothing), found before anything starts: offline, not in the
+    cache, no such dataset or config. Only its metadata is fetched here."""
+    try:
+        datasets.load_dataset_builder(name, config)
+    except OSError as e:  # ConnectionError without network or with HF_HUB_OFFLINE=1; DatasetNotFoundError
+        return _not_loaded(name, e)
+    except ValueError as e:  # e.g. an unknown config name
+        return f"dataset_name {name!r} with dataset_config_name {config!r}: {e}"
+    return None
+
+
 def _load_raw(data_args: DataArguments, seed: int) -> datasets.DatasetDict:
     """Raw text as a DatasetDict with "train" and, if there is one, "validation"."""
     if data_args.train_file:
@@ -99,12 +117,8 @@ def _load_raw(data_args: DataArguments, seed: int) -> datasets.DatasetDict:
     elif data_args.dataset_name:
         try:
             raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
-        except OSError as e:  # ConnectionError without network or with HF_HUB_OFFLINE=1; DatasetNotFoundError
-            raise DataError(
-                f"dataset_name {data_args.dataset_name!r} could not be loaded: {e}. Without network access (or "
-                "with HF_HUB_OFFLINE=1) only datasets already in the HF cache load: run once where the Hub is "
-                "reachable to fill the cache (HF_HOME), or pass train_file with a local file instead."
-            ) from e
+        except (OSError, ValueError) as e:  # checked by dataset_problem already, unless the Hub went away since
+            raise DataError(_not_loaded(data_args.dataset_name, e)) from e
         if "train" not in raw:
             raise DataError(
                 f"dataset {data_args.dataset_name!r} has no 'train' split (splits: {sorted(raw)}); "

@@ -23,7 +23,7 @@ from typing import Any
 import transformers
 import yaml
 
-from hf_zero3.data import DataArguments, DataError, file_problem
+from hf_zero3.data import DataArguments, DataError, dataset_problem, file_problem
 from hf_zero3.distributed import (
     LaunchError,
     cuda_available,
@@ -355,14 +355,17 @@ def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
 
 
 def check_inputs(values: dict[str, Any], device: str) -> None:
-    """Every input (model folders, data files, the ds_config against TrainingArguments and the world size), checked
-    on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
+    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
+    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
     problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
         if device == "cpu" and values.get("fp16") else []
     problems += _model_problems(values)
     for key in ("train_file", "validation_file"):
         if values.get(key) and (problem := file_problem(values[key], key)):
             problems.append(problem)
+    if values.get("dataset_name") and not values.get("train_file") and \
+            (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
+        problems.append(problem)
     problems += _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
