@@ -222,9 +222,9 @@ def _scheduler_params(scheduler: Any) -> list[Finding]:
     import torch
     from deepspeed.runtime import lr_schedules
 
-    if not isinstance(scheduler, dict) or not isinstance(scheduler.get("params"), dict):
+    if not isinstance(scheduler, dict) or "type" not in scheduler:
         return []
-    kind = scheduler.get("type")
+    kind = scheduler["type"]
     cls = None
     if isinstance(kind, str):
         cls = getattr(lr_schedules, kind, None) or getattr(torch.optim.lr_scheduler, kind, None)
@@ -232,10 +232,11 @@ def _scheduler_params(scheduler: Any) -> list[Finding]:
         return [Finding("error", "scheduler.type", f"unknown scheduler {kind!r}; use one of "
                                                    f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)} (or remove the "
                                                    "block: the Trainer's --lr_scheduler_type applies)")]
+    params = scheduler.get("params")
     allowed = set(inspect.signature(cls).parameters) - {"optimizer", "self"}
     return [Finding("error", f"scheduler.params.{key}", f"unknown parameter of {kind}{_did_you_mean(key, allowed)} "
                                                         f"Allowed: {', '.join(sorted(allowed))}.")
-            for key in scheduler["params"] if key not in allowed]
+            for key in (params if isinstance(params, dict) else {}) if key not in allowed]
 
 
 def _validate_with(model: type[BaseModel], block: str, value: dict) -> list[Finding]:
@@ -414,8 +415,8 @@ def _bridge_matches(config: dict, training_args: Mapping[str, Any]) -> list[Find
     for key, (name, value_of) in BRIDGE_MATCHED.items() if training_args else ():
         ours, theirs = _get(config, key), value_of(training_args)
         if ours is not None and ours != "auto" and ours != theirs:
-            findings.append(Finding("error", key, f"the config says {json.dumps(ours)} but TrainingArguments {name} "
-                                                  f"is {json.dumps(theirs)}: set {key} to 'auto' (the Trainer fills "
+            findings.append(Finding("error", key, f"the config says {json.dumps(ours, default=str)} but TrainingArguments "
+                                                  f"{name} is {json.dumps(theirs, default=str)}: set {key} to 'auto' (the Trainer fills "
                                                   f"it) or make them equal"))
     return findings
 

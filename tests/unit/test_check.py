@@ -101,7 +101,7 @@ BAD_INPUTS = [
      "timers.throughput.enable: unknown key (DeepSpeed rejects it at start-up); did you mean 'enabled'?"),
     ("misspelt scheduler parameter", edit("scheduler", {"type": "WarmupLR", "params": {"warmup_num_step": 10}}), {},
      "scheduler.params.warmup_num_step: unknown parameter of WarmupLR; did you mean 'warmup_num_steps'?"),
-    ("unknown scheduler", edit("scheduler", {"type": "WarmupLinear", "params": {}}), {},
+    ("unknown scheduler", edit("scheduler", {"type": "WarmupLinear"}), {},
      "scheduler.type: unknown scheduler 'WarmupLinear'; use one of"),
     ("stage true", edit("zero_optimization.stage", True), {},
      "zero_optimization.stage: ZeRO stage must be 0, 1, 2 or 3 (got True)"),
