@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -490,6 +491,11 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     return metrics
 
 
+ERROR_EXIT_DELAY_S = 5.0
+"""After a usage error, ranks other than 0 wait this long before exiting. torchrun and the DeepSpeed launcher kill
+every rank once the first one exits: were that not rank 0, its message (the only one) could be lost."""
+
+
 def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
@@ -504,6 +510,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
+        else:
+            time.sleep(ERROR_EXIT_DELAY_S)
         return 2
     return 0
 
