@@ -45,6 +45,22 @@ def test_missing_train_file_under_the_deepspeed_launcher_exits_2(tmp_path):
     assert not out.exists()
 
 
+def test_missing_train_file_under_torchrun_exits_2_with_rank_0s_message(tmp_path):
+    """torchrun itself always exits 1 and prints its own ChildFailedError traceback; the ranks are ours: rank 0
+    prints the message and exits 2 first (the others wait), so it is the root cause torchrun names."""
+    out = tmp_path / "out"
+    proc = run(["torchrun", "--nproc_per_node", "2", "--master_port", free_port(), "-m", "hf_zero3.train",
+                TINY_YAML, "--train_file", "no/such/train.txt", "--output_dir", out])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, explain(proc)
+    assert output.count("error: train_file 'no/such/train.txt' does not exist") == 1, explain(proc)
+    root_cause = output.split("Root Cause (first observed failure):")[-1]
+    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause, explain(proc)
+    assert output.count("Traceback") == 1 and "ChildFailedError" in output, explain(proc)  # torchrun's own
+    assert "terminate called" not in output
+    assert not out.exists()
+
+
 def test_an_error_after_zero3_started_exits_2_on_every_rank(tmp_path):
     """The process group, DeepSpeed and a ZeRO-3 partitioned model exist when the data error comes: each rank
     still exits 2 (it used to abort at exit with 134, "terminate called without an active exception")."""
