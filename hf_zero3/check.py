@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,12 @@ SMALL_BLOCK_KEYS = {
             "overlap_events", "use_gds"},
     "activation_checkpointing": {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
                                  "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
+    "flops_profiler": {"enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
+                       "output_file"},
+    "checkpoint": {"tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer",
+                   "checkpoint_serialization"},
+    "data_types": {"grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules"},
+    "timers": {"throughput"},
 }
 
 POSITIVE_KEYS = frozenset(
@@ -86,8 +93,14 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"ds_config {path} not found: pass the path of a DeepSpeed JSON config")
     try:
         config = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"ds_config {path} cannot be read ({e.strerror}): fix its permissions or copy it "
+                         "somewhere this user can read") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"ds_config {path} is not text (byte {e.start} is not UTF-8): pass a JSON file") from e
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}. "
+                         "Fix the JSON there (`python -m json.tool FILE` shows it)") from e
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object at the top level, not {type(config).__name__}")
     return config
@@ -100,14 +113,29 @@ def check_ds_config(
     micro_batch: int | None = None,
     grad_accum: int | None = None,
     device: Literal["cpu", "cuda"] | None = None,
+    training_args: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """Every finding about `config`; `device=None` skips device-specific checks."""
+    """Every finding about `config`; `device=None` skips device-specific checks.
+
+    `training_args` (TrainingArguments values by name, defaults included) are what the HF bridge fills `"auto"`
+    from and matches explicit values against: given, they also supply the micro batch and accumulation, and
+    a mismatch is reported here instead of by the Trainer after the model has loaded.
+    """
+    names = ("--micro-batch", "--grad-accum")
+    if training_args is not None:
+        micro_batch = training_args["per_device_train_batch_size"]
+        grad_accum = training_args["gradient_accumulation_steps"]
+        names = ("per_device_train_batch_size", "gradient_accumulation_steps")
     findings: list[Finding] = []
     findings += _sizes(config)
     findings += _unknown_and_invalid(config)
     findings += _autos(config)
-    findings += _batch(config, world_size, micro_batch, grad_accum)
-    findings += _precision(config, device)
+    for name, value in zip(names, (micro_batch, grad_accum)):
+        if _int_or_none(value) is not None and value <= 0:
+            findings.append(Finding("error", name, f"must be >= 1 (got {value})"))
+    findings += _batch(config, world_size, micro_batch, grad_accum, names)
+    findings += _precision(config, device, training_args)
+    findings += _bridge_matches(config, training_args or {})
     findings += _zero(config)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
     seen: set[tuple[str, str]] = set()
@@ -145,10 +173,24 @@ def _did_you_mean(key: str, candidates) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _unknown_and_invalid(config: dict) -> list[Finding]:
+def _block_models() -> dict[str, type[BaseModel]]:
+    """The blocks DeepSpeed reads through its own strict pydantic models (unknown keys are errors there)."""
+    from deepspeed.comm.config import CommsLoggerConfig
+    from deepspeed.compile.config import CompileConfig
+    from deepspeed.monitor.config import CometConfig, CSVConfig, TensorBoardConfig, WandbConfig
+    from deepspeed.runtime.config import HybridEngineConfig
     from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.utils.config import DeepSpeedThroughputTimerConfig
 
+    return {"zero_optimization": DeepSpeedZeroConfig, "fp16": DeepSpeedFP16Config, "bf16": DeepSpeedBF16Config,
+            "tensorboard": TensorBoardConfig, "wandb": WandbConfig, "csv_monitor": CSVConfig, "comet": CometConfig,
+            "comms_logger": CommsLoggerConfig, "compile": CompileConfig, "hybrid_engine": HybridEngineConfig,
+            "tensor_parallel": TPTrainingConfig, "timers.throughput": DeepSpeedThroughputTimerConfig}
+
+
+def _unknown_and_invalid(config: dict) -> list[Finding]:
     findings = []
     for key in config:
         if key not in KNOWN_TOP_LEVEL_KEYS:
@@ -161,9 +203,9 @@ def _unknown_and_invalid(config: dict) -> list[Finding]:
                 if key not in allowed:
                     findings.append(Finding("error", f"{block}.{key}", f"unknown key in '{block}'"
                                             f"{_did_you_mean(key, allowed)} Allowed: {', '.join(sorted(allowed))}."))
-    for block, model in (("zero_optimization", DeepSpeedZeroConfig), ("fp16", DeepSpeedFP16Config),
-                         ("bf16", DeepSpeedBF16Config)):
-        value = config.get(block)
+    findings += _scheduler_params(config.get("scheduler"))
+    for block, model in _block_models().items():
+        value = _get(config, block)
         if value is None:
             continue
         if not isinstance(value, dict):
@@ -173,11 +215,35 @@ def _unknown_and_invalid(config: dict) -> list[Finding]:
     return findings
 
 
+def _scheduler_params(scheduler: Any) -> list[Finding]:
+    """DeepSpeed passes scheduler.params to the scheduler as keyword arguments: a misspelt one stops the run."""
+    import inspect
+
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    if not isinstance(scheduler, dict) or "type" not in scheduler:
+        return []
+    kind = scheduler["type"]
+    cls = None
+    if isinstance(kind, str):
+        cls = getattr(lr_schedules, kind, None) or getattr(torch.optim.lr_scheduler, kind, None)
+    if cls is None:
+        return [Finding("error", "scheduler.type", f"unknown scheduler {kind!r}; use one of "
+                                                   f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)} (or remove the "
+                                                   "block: the Trainer's --lr_scheduler_type applies)")]
+    params = scheduler.get("params")
+    allowed = set(inspect.signature(cls).parameters) - {"optimizer", "self"}
+    return [Finding("error", f"scheduler.params.{key}", f"unknown parameter of {kind}{_did_you_mean(key, allowed)} "
+                                                        f"Allowed: {', '.join(sorted(allowed))}.")
+            for key in (params if isinstance(params, dict) else {}) if key not in allowed]
+
+
 def _validate_with(model: type[BaseModel], block: str, value: dict) -> list[Finding]:
     """Run a DeepSpeed pydantic model over a block; unfilled "auto" values are reported elsewhere."""
     stage = value.get("stage") if block == "zero_optimization" else None
     data = {k: v for k, v in value.items() if not (block == "zero_optimization" and k == "stage")}
-    if stage is not None and stage not in (0, 1, 2, 3):
+    if stage is not None and (isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
         findings = [Finding("error", f"{block}.stage", f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}): "
                                                        "use 3 to partition params, grads and optimizer states")]
     else:
@@ -238,13 +304,14 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: int | None) -> list[Finding]:
+def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: int | None,
+           names: tuple[str, str]) -> list[Finding]:
     findings = []
     total = _int_or_none(config.get("train_batch_size"))
     micro = _int_or_none(config.get("train_micro_batch_size_per_gpu"))
     accum = _int_or_none(config.get("gradient_accumulation_steps"))
-    for key, in_config, given, flag in (("train_micro_batch_size_per_gpu", micro, micro_arg, "--micro-batch"),
-                                        ("gradient_accumulation_steps", accum, accum_arg, "--grad-accum")):
+    for key, in_config, given, flag in (("train_micro_batch_size_per_gpu", micro, micro_arg, names[0]),
+                                        ("gradient_accumulation_steps", accum, accum_arg, names[1])):
         if in_config is not None and given is not None and in_config != given:
             findings.append(Finding("error", key, f"the config says {in_config} but {flag} is {given}: "
                                                   f"make them equal or set {key} to 'auto'"))
@@ -294,8 +361,18 @@ def _enabled(config: dict, block: str) -> bool:
     return _get(config, f"{block}.enabled") is True
 
 
-def _precision(config: dict, device: str | None) -> list[Finding]:
+def _precision(config: dict, device: str | None, training_args: Mapping[str, Any] | None) -> list[Finding]:
     findings = []
+    if training_args is not None:
+        # What DeepSpeed will run with once the bridge has filled "auto" from TrainingArguments.
+        on = {block: _get(config, f"{block}.enabled") is True or (_get(config, f"{block}.enabled") == "auto"
+                                                                    and bool(training_args.get(block)))
+              for block in ("fp16", "bf16")}
+        if on["fp16"] and on["bf16"] and not (_enabled(config, "fp16") and _enabled(config, "bf16")):
+            findings.append(Finding("error", "fp16.enabled",
+                                    "fp16 and bf16 would both be on (the ds_config's and TrainingArguments' fp16/bf16 "
+                                    "together): keep one, e.g. set both blocks' enabled to 'auto' and pass only "
+                                    "--bf16 true (Ampere/Hopper) or only --fp16 true (V100/T4)"))
     if "bfloat16" in config:
         if "bf16" in config:
             findings.append(Finding("error", "bfloat16", "both 'bf16' and its old alias 'bfloat16' are set: DeepSpeed "
@@ -315,6 +392,32 @@ def _precision(config: dict, device: str | None) -> list[Finding]:
                                 "on Ampere/Hopper GPUs (A100, H100, H200) prefer bf16: same speed, no loss "
                                 "scaling and no skipped overflow steps. Set bf16.enabled true and drop fp16 "
                                 "(keep fp16 only for GPUs without bf16: V100, T4)"))
+    return findings
+
+
+BRIDGE_MATCHED = {
+    "gradient_clipping": ("max_grad_norm", lambda a: a["max_grad_norm"]),
+    "optimizer.params.lr": ("learning_rate", lambda a: a["learning_rate"]),
+    "optimizer.params.betas": ("adam_beta1+adam_beta2", lambda a: [a["adam_beta1"], a["adam_beta2"]]),
+    "optimizer.params.eps": ("adam_epsilon", lambda a: a["adam_epsilon"]),
+    "optimizer.params.weight_decay": ("weight_decay", lambda a: a["weight_decay"]),
+    "scheduler.params.warmup_max_lr": ("learning_rate", lambda a: a["learning_rate"]),
+    "fp16.enabled": ("fp16", lambda a: bool(a["fp16"] or a["fp16_full_eval"])),
+    "bf16.enabled": ("bf16", lambda a: bool(a["bf16"] or a["bf16_full_eval"])),
+}
+"""ds_config key -> the TrainingArguments value HfTrainerDeepSpeedConfig.trainer_config_process matches it with
+(transformers 5.x; the batch keys are checked in `_batch`)."""
+
+
+def _bridge_matches(config: dict, training_args: Mapping[str, Any]) -> list[Finding]:
+    """An explicit value that differs from TrainingArguments: the bridge stops the run on it, after the model loaded."""
+    findings = []
+    for key, (name, value_of) in BRIDGE_MATCHED.items() if training_args else ():
+        ours, theirs = _get(config, key), value_of(training_args)
+        if ours is not None and ours != "auto" and ours != theirs:
+            findings.append(Finding("error", key, f"the config says {json.dumps(ours, default=str)} but TrainingArguments "
+                                                  f"{name} is {json.dumps(theirs, default=str)}: set {key} to 'auto' (the Trainer fills "
+                                                  f"it) or make them equal"))
     return findings
 
 

@@ -65,22 +65,49 @@ class DataArguments:
     )
 
 
-def _load_file(path: str, what: str) -> datasets.Dataset:
-    """One local file as a Dataset, with errors that say what to change."""
+def file_problem(path: str, what: str) -> str | None:
+    """What is wrong with a local data file (None: nothing), so `hf-zero3 train` can stop before anything starts."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in BUILDERS:
-        raise DataError(
-            f"{what} {path!r} has unsupported extension {ext or '(none)'!r}; "
-            f"use one of: {', '.join(BUILDERS)}."
-        )
+        return f"{what} {path!r} has unsupported extension {ext or '(none)'!r}; use one of: {', '.join(BUILDERS)}."
+    if os.path.isdir(path):
+        return f"{what} {path!r} is a folder; point {what} at one file."
     if not os.path.isfile(path):
-        raise DataError(
-            f"{what} {path!r} does not exist (resolved relative to the current directory "
-            f"{os.getcwd()!r} as {os.path.abspath(path)!r}); fix the path or run from another directory."
-        )
+        return (f"{what} {path!r} does not exist (resolved relative to the current directory "
+                f"{os.getcwd()!r} as {os.path.abspath(path)!r}); fix the path or run from another directory.")
+    try:
+        with open(path, "rb"):  # a real open: os.access says yes to root
+            pass
+    except OSError as e:
+        return f"{what} {path!r} cannot be read ({e.strerror}); fix its permissions or copy it somewhere readable."
     if os.path.getsize(path) == 0:
-        raise DataError(f"{what} {path!r} is empty; point {what} at a file with text in it.")
-    return datasets.load_dataset(BUILDERS[ext], data_files=path, split="train")
+        return f"{what} {path!r} is empty; point {what} at a file with text in it."
+    return None
+
+
+def _load_file(path: str, what: str) -> datasets.Dataset:
+    """One local file as a Dataset, with errors that say what to change."""
+    if problem := file_problem(path, what):
+        raise DataError(problem)
+    return datasets.load_dataset(BUILDERS[os.path.splitext(path)[1].lower()], data_files=path, split="train")
+
+
+def _not_loaded(name: str, error: Exception) -> str:
+    return (f"dataset_name {name!r} could not be loaded: {error}. Without network access (or with HF_HUB_OFFLINE=1) "
+            "only datasets already in the HF cache load: run once where the Hub is reachable to fill the cache "
+            "(HF_HOME), or pass train_file with a local file instead.")
+
+
+def dataset_problem(name: str, config: str | None) -> str | None:
+    """What stops a hub dataset from loading (None: nothing), found before anything starts: offline, not in the
+    cache, no such dataset or config. Only its metadata is fetched here."""
+    try:
+        datasets.load_dataset_builder(name, config)
+    except OSError as e:  # ConnectionError without network or with HF_HUB_OFFLINE=1; DatasetNotFoundError
+        return _not_loaded(name, e)
+    except ValueError as e:  # e.g. an unknown config name
+        return f"dataset_name {name!r} with dataset_config_name {config!r}: {e}"
+    return None
 
 
 def _load_raw(data_args: DataArguments, seed: int) -> datasets.DatasetDict:
@@ -88,7 +115,10 @@ def _load_raw(data_args: DataArguments, seed: int) -> datasets.DatasetDict:
     if data_args.train_file:
         raw = datasets.DatasetDict({"train": _load_file(data_args.train_file, "train_file")})
     elif data_args.dataset_name:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        try:
+            raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        except (OSError, ValueError) as e:  # checked by dataset_problem already, unless the Hub went away since
+            raise DataError(_not_loaded(data_args.dataset_name, e)) from e
         if "train" not in raw:
             raise DataError(
                 f"dataset {data_args.dataset_name!r} has no 'train' split (splits: {sorted(raw)}); "

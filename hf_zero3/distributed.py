@@ -9,8 +9,12 @@ all-reduce leaves its shared-memory buffers in /dev/shm after every run (`releas
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -44,6 +48,15 @@ def is_world_process_zero() -> bool:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"
+
+
+def launched_world_size() -> int | None:
+    """The world size the launcher started, before any process group exists: None where only MPI or srun knows it."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    if any(name in os.environ for name in MPI_VARIABLES) or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return None
+    return 1
 
 
 def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
@@ -100,3 +113,34 @@ def release_shm_buffer_names() -> None:
         return
     dist.barrier()
     shm_buffer_path(dist.get_rank()).unlink(missing_ok=True)
+
+
+@contextmanager
+def process_group_released(*clean_errors: type[BaseException]) -> Iterator[None]:
+    """Tear the process group down, threads joined, when the body returns or raises one of `clean_errors`.
+
+    Why: otherwise gloo's worker and transport threads and rank 0's TCPStore thread are still running when the
+    interpreter exits, and the C++ objects that own them are destroyed (or not) in no set order while Python shuts
+    down; a thread destroyed before it is joined aborts the process ("terminate called without an active
+    exception", exit 134) instead of exiting with our code. `destroy_process_group` alone does not stop them: a
+    ZeRO-3 model (parameters hold the group) lives on in reference cycles and in the failed frames' locals, so
+    those are dropped and collected here, and the group's destructor joins its threads now.
+
+    `clean_errors` are the errors every rank raises at the same point with no collective in flight. After any other
+    error a peer may be inside a collective that a teardown would wait for, so the process exits as it is.
+    """
+    try:
+        yield
+    except clean_errors as error:
+        traceback.clear_frames(error.__traceback__)  # the failed run's locals: model, trainer
+        _tear_down_process_group()
+        raise
+    _tear_down_process_group()
+
+
+def _tear_down_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        gc.collect()  # the last references sit in cycles; the group's destructor joins its threads

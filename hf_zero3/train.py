@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,12 +25,30 @@ from typing import Any
 import transformers
 import yaml
 
-from hf_zero3.data import DataArguments, DataError
-from hf_zero3.distributed import LaunchError, cuda_available, is_world_process_zero, prepare_process_group
+from hf_zero3.data import DataArguments, DataError, dataset_problem, file_problem
+from hf_zero3.distributed import (
+    LaunchError,
+    cuda_available,
+    is_world_process_zero,
+    launched_world_size,
+    prepare_process_group,
+    process_group_released,
+)
 
 
 class UsageError(ValueError):
     """Bad command-line or YAML input; the message names the fix."""
+
+
+class ArgumentParser(transformers.HfArgumentParser):
+    """HfArgumentParser whose ValueErrors (an unknown eval_strategy, TrainingArguments' own consistency checks such
+    as fp16 with bf16) are usage errors: exit 2 with the message, not a traceback."""
+
+    def parse_dict(self, *args, **kwargs):
+        try:
+            return super().parse_dict(*args, **kwargs)
+        except ValueError as e:
+            raise UsageError(f"bad arguments: {e}") from e
 
 
 @dataclass
@@ -153,7 +172,17 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
         path = Path(argv[0])
         if not path.is_file():
             raise UsageError(f"config file {path} not found: pass a YAML of training arguments (see recipes/*/)")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as e:
+            raise UsageError(f"config file {path} cannot be read ({e.strerror}): fix its permissions") from e
+        except UnicodeDecodeError as e:
+            raise UsageError(f"config file {path} is not text (byte {e.start} is not UTF-8): pass a YAML file") from e
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            raise UsageError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}. Fix the YAML there "
+                             "(one `name: value` per line, spaces not tabs)") from e
         if not isinstance(loaded, dict):
             raise UsageError(f"{path} must be a YAML mapping of argument: value")
         values.update(loaded)
@@ -337,20 +366,12 @@ def _claim(output_dir: str) -> None:
 def _load_model_and_tokenizer(model_args: ModelArguments):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    source = model_args.model_name_or_path or model_args.config_name
-    if source is None:
-        raise UsageError("no model given: set model_name_or_path (pretrained weights) or config_name "
-                         "(train from scratch)")
-    for name, value in (("model_name_or_path", model_args.model_name_or_path),
-                        ("config_name", model_args.config_name), ("tokenizer_name", model_args.tokenizer_name)):
-        if value and not os.path.isdir(value) and (value.startswith((".", "/", "~")) or value.count("/") > 1):
-            raise UsageError(f"{name} {value} does not exist: point it at a model folder (config.json inside) "
-                             "or a hub id like org/name")
+    source = model_args.model_name_or_path or model_args.config_name  # checked by _model_problems
     common = {"trust_remote_code": model_args.trust_remote_code}
     try:
         config = AutoConfig.from_pretrained(source, **common)
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or source, **common)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # hub ids offline, configs or tokenizers transformers cannot read
         raise UsageError(f"could not load {source}: {e}. Use a local folder, or a hub id with network access "
                          "(or a filled HF cache)") from e
     if model_args.config_overrides:
@@ -366,10 +387,109 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
     if model_args.model_name_or_path:
         if model_args.dtype:
             kwargs["dtype"] = model_args.dtype
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+        except OSError as e:  # weights missing or unreadable
+            raise UsageError(f"could not load the weights of {model_args.model_name_or_path}: {e}") from e
     else:
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""A folder holding none of these has no tokenizer that AutoTokenizer can load."""
+
+
+def _model_problems(values: dict[str, Any]) -> list[str]:
+    """What is wrong with the model, config and tokenizer folders. A hub id is only tried when it loads."""
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+    )
+
+    weights = {SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME}
+    model, config = values.get("model_name_or_path"), values.get("config_name")
+    if not (model or config):
+        return ["no model given: set model_name_or_path (pretrained weights) or config_name (train from scratch)"]
+    tokenizer = "tokenizer_name" if values.get("tokenizer_name") else "model_name_or_path" if model else "config_name"
+    problems = []
+    for name, needs in (("model_name_or_path", "config.json weights"), ("config_name", "config.json"),
+                        (tokenizer, "tokenizer")):
+        value = values.get(name)
+        if not value or (not os.path.exists(value) and not value.startswith((".", "/", "~")) and value.count("/") < 2):
+            continue  # unset, or a hub id
+        if not os.path.isdir(value):
+            problems.append(f"{name} {value} {'is a file' if os.path.exists(value) else 'does not exist'}: point it "
+                            "at a model folder (config.json inside) or a hub id like org/name")
+            continue
+        try:
+            files = set(os.listdir(value))
+            for file in files & {"config.json", *TOKENIZER_FILES}:
+                with open(os.path.join(value, file), "rb"):  # a real open: os.access says yes to root
+                    pass
+        except OSError as e:
+            problems.append(f"{name} {value}: {e.filename} cannot be read ({e.strerror}): fix its permissions")
+            continue
+        if "config.json" in needs and "config.json" not in files:
+            problems.append(f"{name} {value} has no config.json: point it at the folder save_pretrained wrote "
+                            "(config.json, weights, tokenizer), not its parent or a copy of some of its files")
+        elif "weights" in needs and not files & weights:
+            problems.append(f"{name} {value} has a config.json but no weights ({', '.join(sorted(weights))}): to "
+                            "train from scratch pass it as config_name instead; to fine-tune, point it at the folder "
+                            "with the weights")
+        elif needs == "tokenizer" and not files & set(TOKENIZER_FILES):
+            problems.append(f"{name} {value} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): set "
+                            "tokenizer_name to the folder or hub id of the model's tokenizer")
+    return problems
+
+
+def training_values(values: dict[str, Any]) -> dict[str, Any]:
+    """TrainingArguments values by name, defaults filled in, before the TrainingArguments object (and with it the
+    DeepSpeed bridge and the device set-up) exists."""
+    fields = [f for f in dataclasses.fields(TrainingArguments) if f.init and f.default is not dataclasses.MISSING]
+    return {**{f.name: f.default for f in fields}, **values}
+
+
+def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
+    """`hf-zero3 config check` on the ds_config with these TrainingArguments and this world size; warnings are
+    printed (rank 0), errors returned."""
+    from hf_zero3.check import check_ds_config, load_config
+
+    source = values.get("deepspeed")
+    if not source:
+        return []
+    name = "ds_config (inline)" if isinstance(source, dict) else f"ds_config {source}"
+    try:
+        config = source if isinstance(source, dict) else load_config(source)
+    except (FileNotFoundError, ValueError) as e:
+        return [str(e)]
+    findings = check_ds_config(config, world_size=launched_world_size(), device=device,
+                               training_args=training_values(values))
+    if is_world_process_zero():
+        for finding in findings:
+            if finding.level == "warning":
+                print(f"warning: {name}: {finding.key}: {finding.message}", file=sys.stderr, flush=True)
+    return [f"{name}: {f.key}: {f.message}" for f in findings if f.level == "error"]
+
+
+def check_inputs(values: dict[str, Any], device: str) -> None:
+    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
+    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
+    problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
+        if device == "cpu" and values.get("fp16") else []
+    problems += _model_problems(values)
+    for key in ("train_file", "validation_file"):
+        if values.get(key) and (problem := file_problem(values[key], key)):
+            problems.append(problem)
+    if values.get("dataset_name") and not values.get("train_file") and \
+            (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
+        problems.append(problem)
+    problems += _ds_config_problems(values, device)
+    if problems:
+        raise UsageError("\n".join(problems))
 
 
 def _banner(trainer) -> str:
@@ -413,7 +533,7 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
 
 def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
-    from transformers import HfArgumentParser, Trainer, default_data_collator, set_seed
+    from transformers import Trainer, default_data_collator, set_seed
 
     from hf_zero3.callbacks import (
         DeepSpeedTimersCallback,
@@ -427,11 +547,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     values = load_arguments(argv)
     on_cpu = bool(values.get("use_cpu")) or not cuda_available()
     if on_cpu:
-        if values.get("fp16"):
-            raise UsageError("fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true")
         values["use_cpu"] = True
+    check_inputs(values, device="cpu" if on_cpu else "cuda")
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
     resume = _start_point(training_args)
     if resume == FINISHED:
@@ -496,6 +615,11 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     return metrics
 
 
+ERROR_EXIT_DELAY_S = 5.0
+"""After a usage error, ranks other than 0 wait this long before exiting. torchrun and the DeepSpeed launcher kill
+every rank once the first one exits: were that not rank 0, its message (the only one) could be lost."""
+
+
 def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
@@ -508,10 +632,13 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
     from hf_zero3.checkpoint import CheckpointError
 
     try:
-        run(argv, extra_callbacks)
+        with process_group_released(UsageError, DataError, LaunchError):
+            run(argv, extra_callbacks)
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
-            print(f"error: {e}", file=sys.stderr)
+            print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
+        else:
+            time.sleep(ERROR_EXIT_DELAY_S)
         return 2
     except (NonFiniteError, CheckpointError) as e:  # training stopped on purpose, the message says why and how on
         if is_world_process_zero():

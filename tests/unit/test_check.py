@@ -22,6 +22,13 @@ def good() -> dict:
     return copy.deepcopy(build_ds_config(STANDALONE_CONFIGS["zero3"]))
 
 
+def ta(**overrides) -> dict:
+    """TrainingArguments values as `hf-zero3 train` passes them to the checker: defaults plus overrides."""
+    from hf_zero3.train import training_values
+
+    return training_values(overrides)
+
+
 def messages(config, level="error", **kwargs):
     return [f"{f.key}: {f.message}" for f in check_ds_config(config, **kwargs) if f.level == level]
 
@@ -86,6 +93,38 @@ BAD_INPUTS = [
      "zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage is 2)"),
     ("wrong type", edit("zero_optimization.overlap_comm", "yes please"), {},
      "zero_optimization.overlap_comm: invalid value 'yes please'"),
+    ("unknown monitor key", edit("tensorboard", {"enabeld": True}), {},
+     "tensorboard.enabeld: unknown key (DeepSpeed rejects it at start-up); did you mean 'enabled'?"),
+    ("unknown flops_profiler key", edit("flops_profiler", {"enable": True}), {},
+     "flops_profiler.enable: unknown key in 'flops_profiler'; did you mean 'enabled'?"),
+    ("unknown nested timers key", edit("timers", {"throughput": {"enable": True}}), {},
+     "timers.throughput.enable: unknown key (DeepSpeed rejects it at start-up); did you mean 'enabled'?"),
+    ("misspelt scheduler parameter", edit("scheduler", {"type": "WarmupLR", "params": {"warmup_num_step": 10}}), {},
+     "scheduler.params.warmup_num_step: unknown parameter of WarmupLR; did you mean 'warmup_num_steps'?"),
+    ("unknown scheduler", edit("scheduler", {"type": "WarmupLinear"}), {},
+     "scheduler.type: unknown scheduler 'WarmupLinear'; use one of"),
+    ("stage true", edit("zero_optimization.stage", True), {},
+     "zero_optimization.stage: ZeRO stage must be 0, 1, 2 or 3 (got True)"),
+    ("negative micro batch in TrainingArguments", good(), {"training_args": ta(bf16=True,
+                                                                              per_device_train_batch_size=-1)},
+     "per_device_train_batch_size: must be >= 1 (got -1)"),
+    ("zero accumulation in TrainingArguments", good(), {"training_args": ta(bf16=True, gradient_accumulation_steps=0)},
+     "gradient_accumulation_steps: must be >= 1 (got 0)"),
+    ("micro batch differs from TrainingArguments", edit("train_micro_batch_size_per_gpu", 4),
+     {"training_args": ta(bf16=True, per_device_train_batch_size=2)},
+     "train_micro_batch_size_per_gpu: the config says 4 but per_device_train_batch_size is 2"),
+    ("batch vs world size and TrainingArguments", edit("train_batch_size", 64),
+     {"world_size": 2, "training_args": ta(bf16=True)},
+     "train_batch_size: 64 != micro batch 8 x accumulation 1 x world size 2 = 16"),
+    ("bf16 in the config, --fp16 in TrainingArguments", edit("fp16", {"enabled": "auto"}),
+     {"training_args": ta(fp16=True)}, "fp16.enabled: fp16 and bf16 would both be on"),
+    ("--fp16 and --bf16 filled into auto", edit("fp16", {"enabled": "auto"}, edit("bf16", {"enabled": "auto"})),
+     {"training_args": ta(fp16=True, bf16=True)}, "fp16.enabled: fp16 and bf16 would both be on"),
+    ("bf16 in the config without --bf16", good(), {"training_args": ta()},
+     "bf16.enabled: the config says true but TrainingArguments bf16 is false: set bf16.enabled to 'auto'"),
+    ("gradient_clipping differs from max_grad_norm", edit("gradient_clipping", 0.5),
+     {"training_args": ta(bf16=True)},
+     "gradient_clipping: the config says 0.5 but TrainingArguments max_grad_norm is 1.0"),
 ]
 
 
@@ -94,6 +133,13 @@ def test_bad_input_is_an_error_naming_the_fix(name, config, kwargs, expected):
     errors = messages(config, **kwargs)
     assert any(expected in e for e in errors), errors
     assert has_errors(check_ds_config(config, **kwargs))
+
+
+def test_a_good_config_with_matching_training_arguments_has_no_errors_or_warnings():
+    args = ta(bf16=True, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    assert check_ds_config(good(), world_size=8, device="cuda", training_args=args) == []
+    explicit = {**good(), "train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0}
+    assert check_ds_config(explicit, world_size=8, device="cuda", training_args=args) == []
 
 
 def test_at_least_fifteen_distinct_bad_inputs():
@@ -166,9 +212,9 @@ def test_new_rejects_inconsistent_options(capsys):
 
 def test_check_reports_malformed_and_missing_files(tmp_path, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text("{'stage': 3}")
+    bad.write_text('{\n  "zero_optimization": {"stage": 3,}\n}')
     assert cli(["config", "check", str(bad)]) == 1
-    assert "is not valid JSON" in capsys.readouterr().out
+    assert f"{bad} is not valid JSON (line 2, column 36)" in capsys.readouterr().out
     assert cli(["config", "check", str(tmp_path / "missing.json")]) == 1
     assert "not found" in capsys.readouterr().out
 

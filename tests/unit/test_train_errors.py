@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +157,127 @@ def test_srun_tasks_without_a_launcher_are_refused_before_anything_runs(monkeypa
 def test_push_to_hub_without_a_repo_id_is_a_usage_error_before_training(capsys, tmp_path):
     err = train_fails(capsys, "--push_to_hub", "true", "--output_dir", tmp_path / "o")
     assert "set hub_model_id to ORG/NAME" in err
+
+
+def train_fails_with(capsys, *args) -> str:
+    """main(args) exits 2; its stderr, which must hold no traceback."""
+    assert main([str(a) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_every_ds_config_problem_is_reported_at_once_and_nothing_starts(tmp_path, capsys):
+    nvme = tmp_path / "nvme"
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({
+        "zero_optimisation": {"stage": 3},
+        "zero_optimization": {"stage": 3, "sub_group_size": "auto",
+                              "offload_param": {"device": "nvme", "nvme_path": str(nvme)}},
+        "fp16": {"enabled": True}, "bf16": {"enabled": True},
+        "train_batch_size": 64,
+    }))
+    out = tmp_path / "out"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--output_dir", out)
+    where = f"error: ds_config {config}: "
+    assert where + "zero_optimisation: unknown top-level key" in err and "did you mean 'zero_optimization'?" in err
+    assert where + "zero_optimization.sub_group_size: 'auto' here is filled by nobody" in err
+    assert where + "train_batch_size: 64 != micro batch 8 x accumulation 1 x world size 1 = 8: set " \
+                   "train_batch_size to 8 or to 'auto'" in err
+    assert where + "fp16.enabled: fp16 and bf16 are both enabled: keep one" in err
+    assert where + f"zero_optimization.offload_param.nvme_path: {nvme} does not exist on this machine: create it" in err
+    assert not nvme.exists()  # DeepSpeed's swapper would have created it (os.makedirs), then died in async_io
+    assert not out.exists()
+
+
+def test_ds_config_is_checked_against_the_training_arguments(tmp_path, capsys):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"},
+                                  "fp16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": 4}))
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--bf16", "true", "--fp16", "true",
+                           "--per_device_train_batch_size", "0", "--output_dir", tmp_path / "o")
+    assert "error: fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true" in err
+    assert "fp16.enabled: fp16 and bf16 would both be on" in err
+    assert "train_micro_batch_size_per_gpu: the config says 4 but per_device_train_batch_size is 0" in err
+    assert "per_device_train_batch_size: must be >= 1 (got 0)" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found: pass the path of a DeepSpeed JSON config"),
+    ('{\n  "zero_optimization": {"stage": 3,}\n}', "is not valid JSON (line 2, column 36): Expecting property name"),
+    ("unreadable", "cannot be read (Permission denied): fix its permissions"),
+], ids=["missing", "invalid JSON", "unreadable"])
+def test_a_bad_ds_config_file_is_named_with_the_problem(tmp_path, capsys, unreadable, content, message):
+    config = unreadable("ds.json") if content == "unreadable" else tmp_path / "ds.json"
+    if content not in (None, "unreadable"):
+        config.write_text(content)
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--output_dir", tmp_path / "o")
+    assert f"{config}" in err and message in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys):
+    config = tmp_path / "args.yaml"
+    config.write_text("block_size: 128\nmax_steps: 3\n  learning_rate: 1.0e-3\n")
+    err = train_fails_with(capsys, config)
+    assert f"error: {config}:3:16: invalid YAML: mapping values are not allowed here. Fix the YAML there" in err
+
+
+@pytest.mark.parametrize("key", ["yaml", "train_file", "validation_file", "config_name"])
+def test_an_unreadable_input_is_named_with_the_fix(tmp_path, capsys, unreadable, key):
+    out = tmp_path / "out"
+    if key == "yaml":
+        path = unreadable("args.yaml")
+        err = train_fails_with(capsys, path, "--output_dir", out)
+    elif key == "config_name":
+        model = tmp_path / "model"
+        shutil.copytree(ROOT / "assets/tiny/model", model)
+        (model / "config.json").unlink()
+        path = unreadable("model/config.json")
+        err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--config_name", model,
+                               "--output_dir", out)
+    else:
+        path = unreadable(f"{key}.txt")
+        err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", f"--{key}", path, "--output_dir", out)
+    assert f"{path}" in err and "cannot be read (Permission denied)" in err and "fix its permissions" in err
+    assert not out.exists()
+
+
+def test_model_folder_without_config_json_or_weights(tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "assets/tiny/model", model)
+    (model / "config.json").unlink()
+    out = tmp_path / "out"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--config_name", model, "--output_dir", out)
+    assert f"config_name {model} has no config.json: point it at the folder save_pretrained wrote" in err
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--config_name", "null",
+                           "--model_name_or_path", ROOT / "assets/tiny/model", "--output_dir", out)
+    assert "has a config.json but no weights (model.safetensors" in err and "pass it as config_name" in err
+    assert not out.exists()
+
+
+def test_all_input_problems_are_reported_together(tmp_path, capsys):
+    err = train_fails_with(capsys, TINY_YAML, "--train_file", "no/such/train.txt", "--validation_file",
+                           tmp_path, "--tokenizer_name", tmp_path, "--output_dir", tmp_path / "out")
+    assert "error: train_file 'no/such/train.txt' does not exist" in err
+    assert f"error: validation_file {str(tmp_path)!r} has unsupported extension" in err
+    assert f"error: tokenizer_name {tmp_path} holds no tokenizer" in err
+
+
+def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_threads(tmp_path, capsys):
+    """The cause of the exit-134 aborts: gloo and TCPStore threads still running while the interpreter exits."""
+    import torch.distributed as dist
+
+    err = train_fails_with(capsys, TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "o")
+    assert "text_column 'nope' not found in the train data" in err
+    assert not dist.is_initialized()
+    threads = {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")}
+    assert not threads & {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}, threads
+
+
+def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--eval_strategy", "sometimes",
+                           "--output_dir", tmp_path / "o")
+    assert "error: bad arguments: sometimes is not a valid IntervalStrategy, please select one of ['no', 'steps', 'epoch']" in err
+    assert not (tmp_path / "o").exists()
