@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
     baseline = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python", context="alloc")
 
-    from hf_zero3 import train
+    from hf_zero3.run import train
 
     return train.main(argv, extra_callbacks=[_probe_callback(out, sampler, baseline)])
 

@@ -1,4 +1,4 @@
-"""Predicted (hf_zero3.planner) vs measured memory for every GPU run committed here: peak GPU memory
+"""Predicted (hf_zero3.plan.memory) vs measured memory for every GPU run committed here: peak GPU memory
 (`torch.cuda.max_memory_allocated`, max over ranks and steps) for the `hf-zero3 bench` runs and the memory
 probes, and host RAM per node for the probes (MemTotal - MemAvailable, peak minus start; memory_probe.py).
 Regenerate the tables with:  python benchmarks/planner_vs_measured.py
@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hf_zero3.models import load_shape
-from hf_zero3.planner import Hardware, Training, plan
-from hf_zero3.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
-from hf_zero3.spec import ZeroSpec
+from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
+from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan.memory import Hardware, Training, plan
+from hf_zero3.plan.shapes import load_shape
 
 HERE = Path(__file__).resolve().parent
 GiB = 1024**3

@@ -49,7 +49,7 @@ class Recipe:
 
     @cached_property
     def values(self) -> dict[str, Any]:
-        """The YAML's arguments as written (no coercion: `hf_zero3.train.load_arguments` owns that)."""
+        """The YAML's arguments as written (no coercion: `hf_zero3.run.train.load_arguments` owns that)."""
         import yaml
 
         loaded = yaml.safe_load(self.yaml.read_text()) or {}

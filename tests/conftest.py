@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from hf_zero3.distributed import free_port
+from hf_zero3.run.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_YAML = ROOT / "recipes" / "tiny" / "train_args.yaml"
@@ -132,7 +132,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def single_rank_env(monkeypatch):
-    """Rank variables present, so an in-process `hf_zero3.train.main` leaves the process environment alone."""
+    """Rank variables present, so an in-process `hf_zero3.run.train.main` leaves the process environment alone."""
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3 import checkpoint as ckpt
 from hf_zero3 import recipes
 from hf_zero3.callbacks._gather import gather_from_ranks
+from hf_zero3.checkpoint import lifecycle as ckpt
 
 
 class CheckpointGuardCallback(TrainerCallback):
@@ -22,7 +22,7 @@ class CheckpointGuardCallback(TrainerCallback):
     `get_last_checkpoint` happily resumes from, and its rotation counts such folders and may delete the newest
     good checkpoint. Here, after each save, every rank checks its own DeepSpeed shards and RNG state, rank 0
     checks `latest`, the trainer state and the gathered 16-bit weights, and only then writes
-    `hf_zero3_complete.json` (see `hf_zero3.checkpoint`). Before a save, every rank checks that the disk can
+    `hf_zero3_complete.json` (see `hf_zero3.checkpoint.lifecycle`). Before a save, every rank checks that the disk can
     hold one more checkpoint, so a full disk is a clear error instead of a half-written folder; a save that
     fails anyway (the disk filled up meanwhile) ends with a note that names the cause and the way back.
 

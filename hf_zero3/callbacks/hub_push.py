@@ -10,8 +10,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.checkpoint import CheckpointError, is_complete
-from hf_zero3.hub import check_repo_id
+from hf_zero3.checkpoint.hub import check_repo_id
+from hf_zero3.checkpoint.lifecycle import CheckpointError, is_complete
 
 STAGING_PREFIX = ".hub-export-"
 """Staging folders in output_dir: `.hub-export-XXXX/source/RUN/checkpoint-N` (the hard-link snapshot) and
@@ -42,7 +42,7 @@ def snapshot_checkpoint(folder: str | os.PathLike, into: str | os.PathLike) -> P
 
 
 class HubPushCallback(TrainerCallback):
-    """Export each complete checkpoint (`hf_zero3.export`) on rank 0 and upload it (`hf_zero3.hub`).
+    """Export each complete checkpoint (`hf_zero3.checkpoint.export`) on rank 0 and upload it (`hf_zero3.checkpoint.hub`).
 
     Why: the Trainer's own `push_to_hub` uploads what it saved, which under ZeRO-3 without 16-bit gathering is
     an empty state dict; and a push of a half-written checkpoint is worse than none. This pushes only
@@ -201,7 +201,7 @@ class HubPushCallback(TrainerCallback):
 
     def _export(self, source: Path, staging: Path) -> Path | None:
         """`staging/checkpoint-N`, exported from `source` (the checkpoint or its snapshot); None if that failed."""
-        from hf_zero3.export import export_checkpoint
+        from hf_zero3.checkpoint.export import export_checkpoint
 
         try:
             return export_checkpoint(source, staging / source.name, self.dtype, self.max_shard_size)
@@ -211,7 +211,7 @@ class HubPushCallback(TrainerCallback):
             return None
 
     def _upload(self, out: Path) -> None:
-        from hf_zero3.hub import push_folder
+        from hf_zero3.checkpoint.hub import push_folder
 
         try:
             url = push_folder(out, self.repo_id, self.private, self.revision,

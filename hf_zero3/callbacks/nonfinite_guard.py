@@ -6,8 +6,8 @@ import sys
 
 from transformers import TrainerCallback
 
-from hf_zero3 import checkpoint as ckpt
 from hf_zero3.callbacks._gather import merge_into_logs
+from hf_zero3.checkpoint import lifecycle as ckpt
 
 
 class NonFiniteError(RuntimeError):

@@ -54,7 +54,7 @@ class ThroughputCallback(TrainerCallback):
         if self.seq_len < 1:
             raise ValueError(f"ThroughputCallback needs seq_len >= 1 (got {self.seq_len}): pass the block size")
         if self.flops_per_token is None and model is not None:
-            from hf_zero3.models import ModelError, flops_per_token, shape_from_config
+            from hf_zero3.plan.shapes import ModelError, flops_per_token, shape_from_config
 
             try:
                 self.flops_per_token = flops_per_token(shape_from_config(model.config), self.seq_len)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zero3 import checkpoint as ckpt
+from hf_zero3.checkpoint import lifecycle as ckpt
 from tests.conftest import CHECKPOINT_RUN, ROOT, Launch, explain, losses_by_step, run, weights
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ KEEP_ALL = ["--save_total_limit", "10"]
 
 
 def train(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    from hf_zero3.distributed import free_port
+    from hf_zero3.run.distributed import free_port
 
     return run([LAUNCH, "--output_dir", out, *CHECKPOINT_RUN, *extra], MASTER_PORT=str(free_port()))
 

@@ -16,9 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zero3 import checkpoint as ckpt
-from hf_zero3.distributed import free_port
-from tests.conftest import CHECKPOINT_RUN, ROOT, TINY_YAML, Launch, explain, logged_steps, losses_by_step, run, weights
+from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.run.distributed import free_port
+from tests.conftest import (
+    CHECKPOINT_RUN,
+    ROOT,
+    TINY_YAML,
+    Launch,
+    explain,
+    logged_steps,
+    losses_by_step,
+    run,
+    weights,
+)
 
 pytestmark = pytest.mark.integration
 

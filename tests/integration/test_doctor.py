@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from hf_zero3 import doctor
 from hf_zero3.cli import main as cli_main
+from hf_zero3.ops import doctor
 from tests.conftest import explain, run
 
 pytestmark = pytest.mark.integration
@@ -66,7 +66,7 @@ def test_unreachable_host_fails_fast_and_names_passwordless_ssh(tmp_path):
 
 def test_remote_fingerprint_command_matches_this_host():
     """What the doctor runs over SSH on each host, run here: it must reproduce the local hash and versions."""
-    proc = subprocess.run([sys.executable, "-m", "hf_zero3.doctor", "--fingerprint"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "hf_zero3.ops.doctor", "--fingerprint"], capture_output=True,
                           text=True, timeout=120, cwd="/", check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == doctor.fingerprint()

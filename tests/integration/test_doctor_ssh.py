@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3 import doctor
+from hf_zero3.ops import doctor
 from tests.conftest import ROOT, explain, run
 
 asyncssh = pytest.importorskip("asyncssh")
@@ -136,7 +136,7 @@ def test_doctor_over_real_ssh_finds_same_code_and_versions(sshd, hostfile):
     assert all(line.startswith("OK ") for line in lines.values()), explain(proc)
     assert "same tracked files (sha256 " in lines[f"code:{HOST}"]
     assert proc.stdout.strip().splitlines()[-1] == "doctor: 4 ok, 0 warning(s), 0 failure(s)"
-    assert sshd.commands[0] == "true" and sshd.commands[1].endswith(" -m hf_zero3.doctor --fingerprint")
+    assert sshd.commands[0] == "true" and sshd.commands[1].endswith(" -m hf_zero3.ops.doctor --fingerprint")
     assert sshd.commands[1].startswith(f"cd {ROOT} && ")
 
 

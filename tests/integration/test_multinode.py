@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.distributed import free_port
+from hf_zero3.run.distributed import free_port
 from tests.conftest import ROOT, VENV, explain, losses, make, run, subprocess_env
 
 pytestmark = pytest.mark.integration
@@ -98,7 +98,7 @@ def test_slurm_script_starts_one_no_ssh_launch_per_node(tmp_path):
     assert proc.returncode == 0, explain(proc)
     assert "job 4242: 2 node(s) (gpu-a,gpu-b) x 4 GPUs, node 0 gpu-a:24242" in proc.stdout
     for rank in (0, 1):
-        assert (f"hf_zero3.launch: deepspeed --hostfile=outputs/hostfile.4242 --num_nodes=2 --num_gpus=4 --no_ssh "
+        assert (f"hf_zero3.run.launch: deepspeed --hostfile=outputs/hostfile.4242 --num_nodes=2 --num_gpus=4 --no_ssh "
                 f"--node_rank={rank} --master_addr=gpu-a --master_port=24242 train.py recipes/70b/train_args.yaml "
                 "--deepspeed recipes/70b/ds_config.json --output_dir outputs/70b-run1") in proc.stdout
     assert proc.stdout.count("would write outputs/hostfile.4242: gpu-a slots=4, gpu-b slots=4") == 2

@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from hf_zero3.models import load_shape, with_changes
-from hf_zero3.presets import RECIPE_CONFIGS
+from hf_zero3.config.presets import RECIPE_CONFIGS
+from hf_zero3.plan.shapes import load_shape, with_changes
 from tests.conftest import ROOT, explain, losses, make, run
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def test_recipe_trains_three_steps_on_two_ranks_with_its_own_config(recipe_runs,
     proc, out, _ = recipe_runs(name)
     assert proc.returncode == 0, explain(proc)
     spec = RECIPE_CONFIGS[name]
-    assert ("hf_zero3.launch: deepspeed --num_nodes=1 --num_gpus=2 --master_port=" in proc.stdout
+    assert ("hf_zero3.run.launch: deepspeed --num_nodes=1 --num_gpus=2 --master_port=" in proc.stdout
             and f"train.py recipes/{name}/train_args.yaml --deepspeed recipes/{name}/ds_config.json" in proc.stdout)
     assert f"hf_zero3: ZeRO stage {spec.stage} | world size 2 |" in proc.stdout
     resolved = json.loads((out / "run_config.json").read_text())
@@ -116,7 +116,7 @@ def test_make_plan_70b_on_a_machine_without_gpus():
     proc = make("plan-70b")
     assert proc.returncode == 0, explain(proc)
     out = proc.stdout
-    assert ("hf_zero3.launch: deepspeed --num_nodes=1 --num_gpus=8 --master_port=" in out
+    assert ("hf_zero3.run.launch: deepspeed --num_nodes=1 --num_gpus=8 --master_port=" in out
             and "train.py recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json" in out)
     assert ("batch     micro 1 x accumulation 8 x 8 ranks (1 node(s) x 8) = global batch 64 x 4096 tokens = "
             "262,144 tokens per optimizer step") in out
@@ -151,7 +151,7 @@ def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target
     proc = make(target, NUM_NODES="3", NUM_GPUS="4", HOSTFILE=str(hosts))
     assert proc.returncode != 0
     assert f"error: NUM_NODES=3 but {hosts} lists 2 host(s): set NUM_NODES=2" in proc.stderr
-    assert "hf_zero3.launch: deepspeed" not in proc.stdout  # nothing was started
+    assert "hf_zero3.run.launch: deepspeed" not in proc.stdout  # nothing was started
     missing = make(target, NUM_NODES="2")
     assert missing.returncode != 0 and "error: NUM_NODES=2 needs the hosts: set HOSTFILE=path" in missing.stderr
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zero3.distributed import free_port
+from hf_zero3.run.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, run, train_log
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def test_checkpoint_weights_load_and_reproduce_the_logged_eval_loss(launcher_run
     """The saved safetensors are the trained weights: reloading them gives the eval loss the run logged."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
-    from hf_zero3.data import DataArguments, build_datasets
+    from hf_zero3.run.data import DataArguments, build_datasets
 
     _, out = launcher_run
     for folder in (out / "checkpoint-50", out / "checkpoint-100", out):
@@ -123,10 +123,10 @@ def test_accelerate_launch_runs_the_same_entry_point(tmp_path):
 
 def test_no_shared_memory_buffer_is_left_in_dev_shm(launcher_run):
     """DeepSpeed's CPU all-reduce never unlinks its /dev/shm buffers (~69 MB per rank, per run, until reboot);
-    hf_zero3.distributed.release_shm_buffer_names removes the names once every rank has mapped them."""
+    hf_zero3.run.distributed.release_shm_buffer_names removes the names once every rank has mapped them."""
     import re
 
-    from hf_zero3.distributed import SHM_DIR
+    from hf_zero3.run.distributed import SHM_DIR
 
     proc, _ = launcher_run
     assert "deepspeed_shm_comm_op" in proc.stdout + proc.stderr  # the SHM all-reduce was in use

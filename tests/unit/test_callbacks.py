@@ -55,8 +55,8 @@ def test_throughput_rejects_a_missing_sequence_length():
 
 
 def test_install_puts_ours_after_printers_and_before_integrations():
-    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, ProgressCallback
     from transformers.integrations import TensorBoardCallback
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, ProgressCallback
 
     class Integration(TensorBoardCallback):
         def __init__(self):  # no tensorboard needed: only the position is tested
@@ -71,10 +71,10 @@ def test_install_puts_ours_after_printers_and_before_integrations():
 
 
 def test_train_runs_extra_callbacks(single_rank_env, tmp_path):
-    """`hf_zero3.train.main(argv, extra_callbacks=...)`: how a probe (benchmarks/memory_probe.py) joins a real run."""
+    """`hf_zero3.run.train.main(argv, extra_callbacks=...)`: how a probe (benchmarks/memory_probe.py) joins a real run."""
     from transformers import TrainerCallback
 
-    from hf_zero3.train import main
+    from hf_zero3.run.train import main
     from tests.conftest import TINY_YAML
 
     class Recorder(TrainerCallback):

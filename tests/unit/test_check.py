@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.check import check_ds_config, has_errors
 from hf_zero3.cli import main as cli
-from hf_zero3.ds_config import build_ds_config
-from hf_zero3.presets import STANDALONE_CONFIGS
+from hf_zero3.config.build import build_ds_config
+from hf_zero3.config.check import check_ds_config, has_errors
+from hf_zero3.config.presets import STANDALONE_CONFIGS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEED = FIXTURES / "seed_ds_config.json"
@@ -24,7 +24,7 @@ def good() -> dict:
 
 def ta(**overrides) -> dict:
     """TrainingArguments values as `hf-zero3 train` passes them to the checker: defaults plus overrides."""
-    from hf_zero3.train import training_values
+    from hf_zero3.run.train import training_values
 
     return training_values(overrides)
 
@@ -225,7 +225,7 @@ def test_bfloat16_alias_is_flagged_and_converted():
     assert any("Rename it 'bf16'" in w for w in messages(config, level="warning"))
     both = {**good(), "bfloat16": {"enabled": True}}
     assert any("both 'bf16' and its old alias" in e for e in messages(both))
-    from hf_zero3.convert import spec_from_ds_config
+    from hf_zero3.config.convert import spec_from_ds_config
 
     spec, _ = spec_from_ds_config(config)
     assert spec.precision == "bf16" and "bfloat16" not in build_ds_config(spec)
@@ -238,7 +238,7 @@ def test_offload_without_optimizer_block_is_fine_when_the_user_forces_a_client_o
 
 
 def test_like_notes_every_value_it_does_not_carry(tmp_path, capsys):
-    from hf_zero3.convert import spec_from_ds_config
+    from hf_zero3.config.convert import spec_from_ds_config
 
     _, notes = spec_from_ds_config({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
                                     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",

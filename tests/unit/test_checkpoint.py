@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hf_zero3 import checkpoint as ckpt
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
 
@@ -365,7 +365,7 @@ def test_guard_marks_a_plain_trainer_checkpoint_and_rotates(tmp_path):
 
 
 def test_model_card_reports_recipe_hardware_loss_and_configs(tmp_path):
-    from hf_zero3.hub import model_card
+    from hf_zero3.checkpoint.hub import model_card
 
     folder = make_checkpoint(tmp_path, 10, marked=False, loss=2.5)
     ckpt.write_marker(folder, {"recipe": {"name": "tiny", "version": "v1"}, "hf_zero3_version": "0.1.0",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zero3.checkpoint import is_complete, write_marker
+from hf_zero3.checkpoint.lifecycle import is_complete, write_marker
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
 from tests.conftest import explain, run

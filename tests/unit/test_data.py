@@ -1,4 +1,4 @@
-"""hf_zero3.data against real `datasets` loading and the shipped tiny tokenizer (no mocks)."""
+"""hf_zero3.run.data against real `datasets` loading and the shipped tiny tokenizer (no mocks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import datasets
 import pytest
 from transformers import AutoTokenizer, TrainingArguments
 
-from hf_zero3.data import DataArguments, DataError, build_datasets
+from hf_zero3.run.data import DataArguments, DataError, build_datasets
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 BLOCK = 64

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 from packaging.requirements import Requirement
 
-from hf_zero3 import doctor
-from hf_zero3.allreduce_test import bus_bandwidth
+from hf_zero3.ops import doctor
+from hf_zero3.ops.allreduce import bus_bandwidth
 from tests.conftest import ROOT
 
 
@@ -132,7 +132,7 @@ def test_allreduce_launch_command_is_the_training_launcher():
     cmd = doctor.allreduce_command(2, "deepspeed", 29555)
     assert cmd[0].endswith("deepspeed")
     assert cmd[1:6] == ["--num_gpus", "2", "--master_port", "29555", "--module"]
-    assert cmd[6] == "hf_zero3.allreduce_test"
+    assert cmd[6] == "hf_zero3.ops.allreduce"
     assert "--hostfile" in doctor.allreduce_command(8, "deepspeed", 1, hostfile="hf")
     torchrun = doctor.allreduce_command(4, "torchrun", 1)
     assert torchrun[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "4"]
@@ -196,7 +196,7 @@ def test_different_code_and_versions_fail_with_sync_and_pins(monkeypatch):
 def test_ssh_port_option_is_a_port():
     import argparse
 
-    from hf_zero3 import doctor_cli
+    from hf_zero3.cli import doctor as doctor_cli
 
     parser = argparse.ArgumentParser()
     doctor_cli.add_arguments(parser)

@@ -10,10 +10,10 @@ from unittest import mock
 import pytest
 from pydantic import ValidationError
 
-from hf_zero3.check import check_ds_config
-from hf_zero3.ds_config import BRIDGE_FILLED_KEYS, build_ds_config, training_args_overrides
-from hf_zero3.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, generated_files, render, stale_configs
-from hf_zero3.spec import OptimizerOffload, ParamOffload, ZeroSpec
+from hf_zero3.config.build import BRIDGE_FILLED_KEYS, build_ds_config, training_args_overrides
+from hf_zero3.config.check import check_ds_config
+from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, generated_files, render, stale_configs
+from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_SPECS = {**STANDALONE_CONFIGS, **{f"recipe:{k}": v for k, v in RECIPE_CONFIGS.items()}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from deepspeed.launcher.runner import fetch_hostfile
 
-from hf_zero3 import doctor
-from hf_zero3.launch import LaunchError, Target, resolve
+from hf_zero3.ops import doctor
+from hf_zero3.run.launch import LaunchError, Target, resolve
 from tests.conftest import ROOT
 
 REFUSED = "refused"

@@ -12,10 +12,10 @@ import threading
 import pytest
 import torch
 
-import hf_zero3.export
-import hf_zero3.hub
-from hf_zero3 import checkpoint as ckpt
+import hf_zero3.checkpoint.export
+import hf_zero3.checkpoint.hub
 from hf_zero3.callbacks.hub_push import STAGING_PREFIX, HubPushCallback, snapshot_checkpoint
+from hf_zero3.checkpoint import lifecycle as ckpt
 from tests.unit.test_checkpoint import make_checkpoint, master_weights
 
 
@@ -50,14 +50,14 @@ def uploads(monkeypatch):
                        "files": sorted(p.name for p in folder.iterdir())})
         return f"local://{repo_id}/{folder.name}"
 
-    monkeypatch.setattr(hf_zero3.hub, "push_folder", record)
+    monkeypatch.setattr(hf_zero3.checkpoint.hub, "push_folder", record)
     return pushed
 
 
 @pytest.fixture
 def held_export(monkeypatch):
     """The real export, entered on whatever thread runs it, held until `release` is set."""
-    real = hf_zero3.export.export_checkpoint
+    real = hf_zero3.checkpoint.export.export_checkpoint
     calls = {"threads": [], "sources": [], "entered": threading.Event(), "release": threading.Event(),
              "finished": threading.Event()}
 
@@ -71,7 +71,7 @@ def held_export(monkeypatch):
         finally:
             calls["finished"].set()
 
-    monkeypatch.setattr(hf_zero3.export, "export_checkpoint", export)
+    monkeypatch.setattr(hf_zero3.checkpoint.export, "export_checkpoint", export)
     return calls
 
 

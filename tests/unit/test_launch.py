@@ -1,4 +1,4 @@
-"""hf_zero3.launch: the deepspeed command for each setting, errors that name the fix, the files written first."""
+"""hf_zero3.run.launch: the deepspeed command for each setting, errors that name the fix, the files written first."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from hf_zero3.launch import (
+from hf_zero3.run.launch import (
     MULTI_NODE_PORT,
     LaunchError,
     Target,

@@ -10,11 +10,12 @@ from deepspeed.runtime.zero import stage3
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from hf_zero3 import planner
-from hf_zero3.check import check_ds_config, has_errors
-from hf_zero3.ds_config import build_ds_config
-from hf_zero3.models import load_shape
-from hf_zero3.planner import (
+from hf_zero3.config.build import build_ds_config
+from hf_zero3.config.check import check_ds_config, has_errors
+from hf_zero3.config.presets import STANDALONE_CONFIGS
+from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
+from hf_zero3.plan import memory as planner
+from hf_zero3.plan.memory import (
     GB,
     Hardware,
     PlanError,
@@ -27,8 +28,7 @@ from hf_zero3.planner import (
     oom_kind,
     plan,
 )
-from hf_zero3.presets import STANDALONE_CONFIGS
-from hf_zero3.spec import OptimizerOffload, ParamOffload, ZeroSpec
+from hf_zero3.plan.shapes import load_shape
 
 S7, S70 = load_shape("7b"), load_shape("70b")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_zero3.checkpoint import DEFAULT_SAVE_STEPS, DEFAULT_SAVE_TOTAL_LIMIT
-from hf_zero3.ds_config import build_ds_config, training_args_overrides
-from hf_zero3.launch import Target
-from hf_zero3.presets import RECIPE_CONFIGS, render
+from hf_zero3.checkpoint.lifecycle import DEFAULT_SAVE_STEPS, DEFAULT_SAVE_TOTAL_LIMIT
+from hf_zero3.config.build import build_ds_config, training_args_overrides
+from hf_zero3.config.presets import RECIPE_CONFIGS, render
+from hf_zero3.run.launch import Target
 from tests.conftest import ROOT
 
 RECIPES_DIR = ROOT / "recipes"
@@ -43,8 +43,8 @@ def test_folder_holds_exactly_the_four_files(recipe):
 def test_train_args_parse_strictly_and_need_no_string_coercion(recipe):
     from transformers import HfArgumentParser
 
-    from hf_zero3.data import DataArguments
-    from hf_zero3.train import ModelArguments, TrainingArguments, load_arguments
+    from hf_zero3.run.data import DataArguments
+    from hf_zero3.run.train import ModelArguments, TrainingArguments, load_arguments
 
     raw = yaml.safe_load((recipe / "train_args.yaml").read_text())
     values = load_arguments([str(recipe / "train_args.yaml")])  # unknown keys raise
@@ -135,7 +135,7 @@ def test_launch_sh_is_the_three_line_wrapper(recipe):
     path = recipe / "launch.sh"
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and lines[0] == "#!/usr/bin/env bash"
-    assert 'exec python -m hf_zero3.launch --target ' in lines[2] and lines[2].endswith('"$here" "$@"')
+    assert 'exec python -m hf_zero3 launch --target ' in lines[2] and lines[2].endswith('"$here" "$@"')
     assert path.stat().st_mode & 0o111
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
     _target(recipe)
@@ -147,10 +147,10 @@ def test_slurm_script_parses():
 
 def _plans(recipe: Path):
     """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory."""
-    from hf_zero3.models import load_shape
-    from hf_zero3.plan_cli import parse_size
-    from hf_zero3.planner import Hardware, Training, choose, plan
-    from hf_zero3.spec import ZeroSpec
+    from hf_zero3.cli.plan import parse_size
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.memory import Hardware, Training, choose, plan
+    from hf_zero3.plan.shapes import load_shape
 
     target = _target(recipe)
     if target.gpu_mem is None:
@@ -168,7 +168,7 @@ def _plans(recipe: Path):
 
 @by_name
 def test_recipe_fits_its_target_and_the_readme_quotes_the_planner(recipe):
-    from hf_zero3.planner import gb
+    from hf_zero3.plan.memory import gb
 
     plans = _plans(recipe)
     if plans is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.train import load_arguments, main
+from hf_zero3.run.train import load_arguments, main
 from tests.conftest import ROOT, TINY_YAML
 
 pytestmark = pytest.mark.usefixtures("single_rank_env")
@@ -115,7 +115,7 @@ def test_out_of_memory_gets_a_planner_line_and_other_errors_do_not(capsys, tmp_p
     import torch
     from transformers import AutoConfig, TrainingArguments
 
-    from hf_zero3.train import _explain_oom
+    from hf_zero3.run.train import _explain_oom
 
     config = AutoConfig.from_pretrained(ROOT / "assets/tiny/model")
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])

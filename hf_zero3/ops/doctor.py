@@ -3,7 +3,7 @@
 What a multi-node ZeRO-3 job needs and usually finds out an hour in: versions inside the supported matrix
 (setup.cfg's `install_requires`, the one source of truth), the DeepSpeed ops the ds_config will JIT-build,
 GPUs with free memory, a working all-reduce over every rank, passwordless SSH and the same code and
-packages on every host, and a writable, fast NVMe path. `python -m hf_zero3.doctor --fingerprint` prints
+packages on every host, and a writable, fast NVMe path. `python -m hf_zero3.ops.doctor --fingerprint` prints
 this host's code hash and versions; the doctor runs it on every host over SSH.
 """
 
@@ -414,7 +414,7 @@ def read_hostfile(path: str | os.PathLike) -> dict[str, int]:
 
 def code_root() -> Path:
     """The checkout hf_zero3 runs from: its git work tree, or the package folder for a plain install."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     try:
         top = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=30, check=False)
@@ -481,7 +481,7 @@ def check_host(host: str, local: dict, port: int | None = None) -> list[Result]:
     root = local["code_root"]
     rsync = f"rsync -a -e 'ssh -p {port}'" if port else "rsync -a"
     command = (f"cd {shlex.quote(root)} && {shlex.quote(sys.executable)} "
-               "-m hf_zero3.doctor --fingerprint")
+               "-m hf_zero3.ops.doctor --fingerprint")
     try:
         proc = _ssh(host, command, timeout=300, port=port)
         remote = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
@@ -539,8 +539,8 @@ def check_hostfile(path: str | os.PathLike, ssh: bool = True, port: int | None =
 
 def allreduce_command(ranks: int, launcher: str, port: int, hostfile: str | None = None,
                       sizes_mb: str = "1,16,64", ssh_port: int | None = None) -> list[str]:
-    """The same launcher as training, running hf_zero3.allreduce_test on every rank."""
-    module = ["hf_zero3.allreduce_test", "--sizes-mb", sizes_mb]
+    """The same launcher as training, running hf_zero3.ops.allreduce on every rank."""
+    module = ["hf_zero3.ops.allreduce", "--sizes-mb", sizes_mb]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                 "--master_port", str(port), "-m", *module]
@@ -558,8 +558,8 @@ def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | Non
     `ranks` is the world size it must reach (with a hostfile: the sum of its slots)."""
     import torch
 
-    from hf_zero3.allreduce_test import RESULT_TAG
-    from hf_zero3.distributed import free_port
+    from hf_zero3.ops.allreduce import RESULT_TAG
+    from hf_zero3.run.distributed import free_port
 
     gpu = torch.cuda.is_available()
     sizes = "1,16,256" if gpu else "1,16,64"
@@ -608,10 +608,10 @@ def default_ranks() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hf_zero3.doctor --fingerprint`: what the doctor runs on each host over SSH."""
+    """`python -m hf_zero3.ops.doctor --fingerprint`: what the doctor runs on each host over SSH."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hf_zero3.doctor")
+    parser = argparse.ArgumentParser(prog="python -m hf_zero3.ops.doctor")
     parser.add_argument("--fingerprint", action="store_true", help="print this host's code hash and versions")
     args = parser.parse_args(argv)
     if not args.fingerprint:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_zero3 import recipes
+
 """Repository root: recipes/ and assets/ are looked up here."""
 
 

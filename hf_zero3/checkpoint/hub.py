@@ -1,7 +1,7 @@
 """Push an exported model folder to the Hugging Face Hub, with a model card that says how it was trained.
 
 Why: the stock `push_to_hub` uploads whatever the Trainer saved, which under ZeRO-3 without 16-bit gathering
-is an empty state dict. We push only an exported folder (`hf_zero3.export`) whose weights were checked, and
+is an empty state dict. We push only an exported folder (`hf_zero3.checkpoint.export`) whose weights were checked, and
 only its model files. The token is never ours to handle: huggingface_hub reads `HF_TOKEN` or the
 `hf auth login` file itself; we never pass, print, log or write it.
 """
@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from hf_zero3.checkpoint import CheckpointError, checkpoint_step, read_marker, verify_weights
+from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_step, read_marker, verify_weights
 
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]

@@ -21,11 +21,11 @@ def _int_or_auto(text: str):
 
 
 def _config_new(args: argparse.Namespace) -> int:
-    from hf_zero3.check import load_config
-    from hf_zero3.convert import spec_from_ds_config
-    from hf_zero3.ds_config import build_ds_config, training_args_overrides
-    from hf_zero3.presets import STANDALONE_CONFIGS, render
-    from hf_zero3.spec import ZeroSpec
+    from hf_zero3.config.build import build_ds_config, training_args_overrides
+    from hf_zero3.config.check import load_config
+    from hf_zero3.config.convert import spec_from_ds_config
+    from hf_zero3.config.presets import STANDALONE_CONFIGS, render
+    from hf_zero3.config.spec import ZeroSpec
 
     notes: list[str] = []
     if args.like:
@@ -77,7 +77,7 @@ def _config_new(args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from hf_zero3.check import check_ds_config, has_errors, load_config
+    from hf_zero3.config.check import check_ds_config, has_errors, load_config
 
     try:
         config = load_config(args.file)
@@ -100,7 +100,7 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _configs(args: argparse.Namespace) -> int:
-    from hf_zero3.presets import stale_configs, write_configs
+    from hf_zero3.config.presets import stale_configs, write_configs
 
     root = Path(args.root)
     if args.check:
@@ -114,11 +114,10 @@ def _configs(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.bench import BASELINES, run_bench
-    from hf_zero3.distributed import cuda_available
-    from hf_zero3.train import load_arguments
-
+    from hf_zero3.ops.bench import BASELINES, run_bench
     from hf_zero3.recipes import RecipeError, get
+    from hf_zero3.run.distributed import cuda_available
+    from hf_zero3.run.train import load_arguments
 
     try:
         recipe = get(args.recipe).folder
@@ -142,7 +141,7 @@ def _bench(args: argparse.Namespace) -> int:
     gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
     label = args.label or recipe.name
-    from hf_zero3.models import load_config_shape
+    from hf_zero3.plan.shapes import load_config_shape
 
     shape = load_config_shape(values.get("model_name_or_path") or values.get("config_name"),
                               overrides=values.get("config_overrides"))
@@ -167,7 +166,7 @@ def _gpu_count() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hf_zero3.presets import STANDALONE_CONFIGS
+    from hf_zero3.config.presets import STANDALONE_CONFIGS
 
     parser = argparse.ArgumentParser(prog="hf-zero3", description="DeepSpeed ZeRO-3 for Hugging Face Trainer")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -223,33 +222,40 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--work-dir", default="outputs/bench", help="where the runs write their outputs")
     bench.set_defaults(func=_bench)
 
-    from hf_zero3 import doctor_cli
+    from hf_zero3.cli import doctor as doctor_cli
 
     doctor = verbs.add_parser("doctor", help="preflight: versions, ops, GPUs, all-reduce, hosts, NVMe")
     doctor_cli.add_arguments(doctor)
     doctor.set_defaults(func=doctor_cli.main)
 
-    from hf_zero3 import plan_cli
+    from hf_zero3.cli import plan as plan_cli
 
     plan = verbs.add_parser("plan", help="memory planner: the cheapest ZeRO configuration that fits your GPUs")
     plan_cli.add_arguments(plan)
     plan.set_defaults(func=plan_cli.main)
 
-    from hf_zero3 import checkpoint_cli
+    from hf_zero3.cli import checkpoint as checkpoint_cli
 
     checkpoint_cli.add_arguments(verbs)  # export, reshard, push
 
     train = verbs.add_parser("train", help="train from a YAML of TrainingArguments (see recipes/)", add_help=False)
     train.set_defaults(func=None)
+    launch = verbs.add_parser("launch", help="run a recipe with DeepSpeed's launcher (what recipes/*/launch.sh does)",
+                              add_help=False)
+    launch.set_defaults(func=None)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:
-        from hf_zero3.train import main as train_main
+    if argv[:1] == ["train"]:  # its own parser: HfArgumentParser over the YAML and --key value overrides
+        from hf_zero3.run.train import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["launch"]:  # its own parser: a recipe folder, its overrides and the launch environment
+        from hf_zero3.run.launch import main as launch_main
+
+        return launch_main(argv[1:])
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []  # train overrides, passed on verbatim
     args = build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.argv, args.overrides = argv, overrides

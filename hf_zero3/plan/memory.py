@@ -15,10 +15,10 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hf_zero3.ds_config import build_ds_config, training_args_overrides
-from hf_zero3.models import ModelShape
-from hf_zero3.presets import STANDALONE_CONFIGS
-from hf_zero3.spec import ZeroSpec
+from hf_zero3.config.build import build_ds_config, training_args_overrides
+from hf_zero3.config.presets import STANDALONE_CONFIGS
+from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan.shapes import ModelShape
 
 GB = 10**9
 CUDA_CONTEXT_BYTES = 3 * GB
@@ -542,8 +542,8 @@ def oom_kind(error: BaseException) -> str | None:
 
 def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False) -> str:
     """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size."""
-    from hf_zero3.convert import spec_from_ds_config
-    from hf_zero3.models import shape_from_config
+    from hf_zero3.config.convert import spec_from_ds_config
+    from hf_zero3.plan.shapes import shape_from_config
 
     ds = training_args.hf_deepspeed_config.config if getattr(training_args, "hf_deepspeed_config", None) else None
     fields = spec_from_ds_config(ds)[0].model_dump(exclude_unset=True) if ds else {"stage": 0}

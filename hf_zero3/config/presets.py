@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hf_zero3.ds_config import build_ds_config
-from hf_zero3.spec import OptimizerOffload, ParamOffload, ZeroSpec
+from hf_zero3.config.build import build_ds_config
+from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 
 NVME_PLACEHOLDER = "/local_nvme"
 """Where the NVMe configs offload to; edit it (or use `hf-zero3 config new --nvme-path`)."""

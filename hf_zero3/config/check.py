@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from hf_zero3.ds_config import BRIDGE_FILLED_KEYS, OFFLOADED_OPTIMIZER_BLOCK
+from hf_zero3.config.build import BRIDGE_FILLED_KEYS, OFFLOADED_OPTIMIZER_BLOCK
 
 KNOWN_TOP_LEVEL_KEYS = frozenset(
     """

@@ -1,4 +1,4 @@
-"""`python -m hf_zero3.launch [--target NxG[xMEM]] RECIPE_DIR [--key value ...]`: one recipe, DeepSpeed's launcher.
+"""`python -m hf_zero3 launch [--target NxG[xMEM]] RECIPE_DIR [--key value ...]`: one recipe, DeepSpeed's launcher.
 
 Every `recipes/<name>/launch.sh` execs this. The launch settings come from the environment (`--help` lists
 them). They are checked together before anything starts, each problem naming its fix, because DeepSpeed's
@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_zero3.distributed import LaunchError
+from hf_zero3 import recipes
+from hf_zero3.run.distributed import LaunchError
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOSTFILE = "outputs/hostfile"
 MULTI_NODE_PORT = 29500
 """MASTER_PORT default for several nodes: every node must agree, and a free-port probe here says nothing
@@ -133,7 +133,7 @@ def recipe_model(recipe: Path) -> str | None:
 
 def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str | None, dict | None, bool]:
     """(hostfile path, its hosts and slots, whether we write it) from HOSTS or HOSTFILE."""
-    from hf_zero3.doctor import HostfileError, read_hostfile
+    from hf_zero3.ops.doctor import HostfileError, read_hostfile
 
     hostfile = env.get("HOSTFILE", "").strip() or None
     if env.get("HOSTS", "").strip():
@@ -234,12 +234,12 @@ def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problem
 
 def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: Target = Target()) -> Launch:
     """Check the launch settings in `env` together and build the deepspeed command (raises LaunchError)."""
-    from hf_zero3.distributed import free_port
+    from hf_zero3.run.distributed import free_port
 
     problems: list[str] = []
     for name in ("train_args.yaml", "ds_config.json"):
         if not (recipe / name).is_file():
-            found = ", ".join(sorted(p.parent.name for p in (ROOT / "recipes").glob("*/train_args.yaml")))
+            found = ", ".join(recipes.names())
             problems.append(f"{recipe} has no {name}: pass a recipe folder (recipes/<name>: {found})")
     gpus = _number(env, "NUM_GPUS", target.gpus, problems)
     hostfile, pool, write = _hosts(env, gpus, problems)
@@ -275,7 +275,7 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     command += [f"--master_addr={master_addr}"] if master_addr else []
     train_argv = [_shown(recipe / "train_args.yaml"), "--deepspeed", _shown(recipe / "ds_config.json"),
                   *model_args, *overrides]
-    command += [f"--master_port={port}", _shown(ROOT / "train.py"), *train_argv]
+    command += [f"--master_port={port}", _shown(recipes.ROOT / "train.py"), *train_argv]
     return Launch(command, train_argv, hosts_used, gpus, world, dry_run, hostfile if pool else None,
                   pool if write else None, remote)
 
@@ -325,9 +325,9 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
     """Resolved arguments, batch math, ds_config check and memory plan for this world size; 0 when it all fits."""
     import dataclasses
 
-    from hf_zero3.check import check_ds_config, has_errors, load_config
-    from hf_zero3.data import DataArguments
-    from hf_zero3.train import TrainingArguments, UsageError, load_arguments
+    from hf_zero3.config.check import check_ds_config, has_errors, load_config
+    from hf_zero3.run.data import DataArguments
+    from hf_zero3.run.train import TrainingArguments, UsageError, load_arguments
 
     try:
         values = load_arguments(launch.train_argv)
@@ -355,12 +355,12 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
 
 def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target) -> int:
     """`hf-zero3 plan` for this world size, then the recipe's own config measured against the same hardware."""
-    from hf_zero3 import plan_cli
-    from hf_zero3.convert import spec_from_ds_config
-    from hf_zero3.distributed import cuda_available
-    from hf_zero3.models import NAMED_SHAPES, ModelError, load_shape
-    from hf_zero3.planner import PlanError, Training, choose, detect_hardware, gb, plan
-    from hf_zero3.spec import ZeroSpec
+    from hf_zero3.cli import plan as plan_cli
+    from hf_zero3.config.convert import spec_from_ds_config
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.memory import PlanError, Training, choose, detect_hardware, gb, plan
+    from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_shape
+    from hf_zero3.run.distributed import cuda_available
 
     gpu_mem = env.get("GPU_MEM", "").strip() or target.gpu_mem
     if not gpu_mem and not cuda_available():
@@ -409,7 +409,7 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_zero3.launch", epilog=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m hf_zero3 launch", epilog=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a recipe with DeepSpeed's launcher (what recipes/<name>/launch.sh does).")
     parser.add_argument("--target", type=Target.parse, default=Target(),
                         help="the recipe's target hardware NODESxGPUS[xGPU_MEM]: defaults for NUM_NODES, "
@@ -431,16 +431,16 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if launch.new_hostfile:
         if not launch.dry_run:
             write_hostfile(Path(launch.hostfile), launch.new_hostfile)
-        print(f"hf_zero3.launch: {verb} {launch.hostfile}: " + ", ".join(
+        print(f"hf_zero3.run.launch: {verb} {launch.hostfile}: " + ", ".join(
             f"{h} slots={s}" for h, s in launch.new_hostfile.items()))
     if launch.remote_nodes:
         variables, skipped = forwarded_env(env)
         path = Path(env.get("DS_ENV_FILE") or ".deepspeed_env")
         if not launch.dry_run:
             write_deepspeed_env(path, variables)
-        print(f"hf_zero3.launch: {verb} {path} for the other nodes: {', '.join(variables) or 'nothing to forward'}"
+        print(f"hf_zero3.run.launch: {verb} {path} for the other nodes: {', '.join(variables) or 'nothing to forward'}"
               + (f" (not forwardable, a newline or \" in the value: {', '.join(skipped)})" if skipped else ""))
-    print("hf_zero3.launch: " + shlex.join(launch.command), flush=True)
+    print("hf_zero3.run.launch: " + shlex.join(launch.command), flush=True)
     if launch.dry_run:
         return dry_run(launch, args.recipe, env, args.target)
     os.execvpe(launch.command[0], launch.command, env)

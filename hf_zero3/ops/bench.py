@@ -241,7 +241,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     The report is rewritten after each variant, so a bench cut short still leaves what it measured; a bench
     stopped by an exception (or SIGTERM, which `hf-zero3 bench` turns into one) stops the running variant first.
     """
-    from hf_zero3.distributed import cuda_available, free_port
+    from hf_zero3.run.distributed import cuda_available, free_port
 
     on_gpu = cuda_available()
     variants = build_variants(recipe_dir, against, breakdown, on_gpu)

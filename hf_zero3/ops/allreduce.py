@@ -1,7 +1,7 @@
 """A real all-reduce over every rank, started by the same launcher as training (the seed's `test_nccl.py`).
 
-    deepspeed --num_gpus 2 --master_port P --module hf_zero3.allreduce_test
-    torchrun --nproc_per_node 2 --master_port P -m hf_zero3.allreduce_test
+    deepspeed --num_gpus 2 --master_port P --module hf_zero3.ops.allreduce
+    torchrun --nproc_per_node 2 --master_port P -m hf_zero3.ops.allreduce
 
 Each rank all-reduces tensors of a few sizes (NCCL on GPUs, gloo on CPU), checks the result is the exact
 expected sum, and rank 0 prints algorithm and bus bandwidth as nccl-tests defines them

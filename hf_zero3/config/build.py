@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hf_zero3.spec import ZeroSpec
+from hf_zero3.config.spec import ZeroSpec
 
 BRIDGE_FILLED_KEYS = frozenset(
     {

@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hf_zero3.checkpoint import (
+from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
     deepspeed_tag_dir,
     is_complete,
@@ -41,7 +41,7 @@ def shard_bytes(size: str | int) -> int:
     """Bytes per safetensors shard: an int, or text in the planner's size grammar (5GB, 500MB, 1GiB, 512G)."""
     from argparse import ArgumentTypeError
 
-    from hf_zero3.plan_cli import parse_size
+    from hf_zero3.cli.plan import parse_size
 
     try:
         value = parse_size(size) if isinstance(size, str) else int(size)
@@ -106,7 +106,7 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) 
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    from hf_zero3.hub import model_card
+    from hf_zero3.checkpoint.hub import model_card
 
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
     first_name: dict[int, str] = {}

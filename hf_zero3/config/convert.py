@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_zero3.check import KNOWN_TOP_LEVEL_KEYS
-from hf_zero3.spec import Fp16Scaling, ZeroSpec
+from hf_zero3.config.check import KNOWN_TOP_LEVEL_KEYS
+from hf_zero3.config.spec import Fp16Scaling, ZeroSpec
 
 _ZERO_FIELDS = {
     "stage": "stage",

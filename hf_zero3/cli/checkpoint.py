@@ -1,11 +1,11 @@
-"""`hf-zero3 export | reshard | push`: argument parsing and dispatch to hf_zero3.export and hf_zero3.hub."""
+"""`hf-zero3 export | reshard | push`: argument parsing and dispatch to hf_zero3.checkpoint.export and hf_zero3.checkpoint.hub."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from hf_zero3.plan_cli import parse_size  # the one size grammar
+from hf_zero3.cli.plan import parse_size  # the one size grammar
 
 
 def add_arguments(verbs) -> None:
@@ -32,22 +32,22 @@ def add_arguments(verbs) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hf_zero3.checkpoint import CheckpointError
+    from hf_zero3.checkpoint.lifecycle import CheckpointError
 
     try:
         if args.verb == "export":
-            from hf_zero3.export import export_checkpoint
+            from hf_zero3.checkpoint.export import export_checkpoint
 
             out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size)
             print(f"exported {args.checkpoint} -> {out} ({args.dtype})")
         elif args.verb == "reshard":
-            from hf_zero3.export import reshard_checkpoint
+            from hf_zero3.checkpoint.export import reshard_checkpoint
 
             out = reshard_checkpoint(args.checkpoint, workers=args.workers)
             print(f"wrote {out}: resume on any number of ranks with --resume_from_checkpoint {args.checkpoint} "
                   'and "checkpoint": {"load_universal": true} in the ds_config')
         else:
-            from hf_zero3.hub import check_repo_id, push_folder
+            from hf_zero3.checkpoint.hub import check_repo_id, push_folder
 
             check_repo_id(args.repo_id, "--repo-id")
             url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)

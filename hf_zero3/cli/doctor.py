@@ -1,4 +1,4 @@
-"""`hf-zero3 doctor`: run the preflight checks in hf_zero3.doctor, one line each, exit 1 on any FAIL."""
+"""`hf-zero3 doctor`: run the preflight checks in hf_zero3.ops.doctor, one line each, exit 1 on any FAIL."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hf_zero3 import doctor
-    from hf_zero3.check import load_config
+    from hf_zero3.config.check import load_config
+    from hf_zero3.ops import doctor
 
     results: list[doctor.Result] = []
 

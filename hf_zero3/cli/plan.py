@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shape(args: argparse.Namespace):
-    from hf_zero3.models import ModelShape, load_shape, with_changes
+    from hf_zero3.plan.shapes import ModelShape, load_shape, with_changes
 
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
              if getattr(args, k) is not None}
@@ -115,7 +115,7 @@ def _shown(choice):
 
 
 def _print_tables(shape, hardware, seq_len, choice, out) -> None:
-    from hf_zero3.planner import gb
+    from hf_zero3.plan.memory import gb
 
     detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
     host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
@@ -175,9 +175,9 @@ def _shell(value) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
-    from hf_zero3.models import ModelError
-    from hf_zero3.planner import PlanError, choose, detect_hardware
-    from hf_zero3.presets import render
+    from hf_zero3.config.presets import render
+    from hf_zero3.plan.memory import PlanError, choose, detect_hardware
+    from hf_zero3.plan.shapes import ModelError
 
     try:
         if args.gpus is not None and args.gpus < 1:

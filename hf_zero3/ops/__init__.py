@@ -1,0 +1,1 @@
+"""Operations beside the flow: the preflight doctor, its all-reduce probe, and the side-by-side benchmark."""

@@ -1,0 +1,1 @@
+"""One training run: its arguments and facts, the train entry, data, the process group, and the launcher."""
