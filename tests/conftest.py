@@ -146,28 +146,29 @@ def _reset_hf_deepspeed_state():
     unset_hf_deepspeed_config()
 
 
-@pytest.fixture
-def unreadable(tmp_path):
-    """`unreadable(name)`: a path under tmp_path that exists but cannot be opened for reading.
+def make_unreadable(path: Path) -> Path:
+    """A path that exists but cannot be opened for reading (pytest.skip where this machine has none to offer).
 
     chmod 000 does not stop root, so as root the path links to a write-only sysfs file, which the kernel refuses
     to open for reading to anyone.
     """
-    def make(name: str) -> Path:
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() != 0:
-            path.write_text("{}\n")
-            path.chmod(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        path.write_text("{}\n")
+        path.chmod(0)
+        return path
+    for candidate in ("/sys/bus/pci/rescan", "/sys/bus/pci/drivers_probe", "/sys/class/zram-control/hot_remove"):
+        try:
+            open(candidate, "rb").close()
+        except PermissionError:
+            path.symlink_to(candidate)
             return path
-        for candidate in ("/sys/bus/pci/rescan", "/sys/bus/pci/drivers_probe", "/sys/class/zram-control/hot_remove"):
-            try:
-                open(candidate, "rb").close()
-            except PermissionError:
-                path.symlink_to(candidate)
-                return path
-            except OSError:
-                continue
-        pytest.skip("running as root with no write-only file to stand in for an unreadable one")
+        except OSError:
+            continue
+    pytest.skip("running as root with no write-only file to stand in for an unreadable one")
 
-    return make
+
+@pytest.fixture
+def unreadable(tmp_path):
+    """`unreadable(name)`: a path under tmp_path that exists but cannot be opened for reading (`make_unreadable`)."""
+    return lambda name: make_unreadable(tmp_path / name)
