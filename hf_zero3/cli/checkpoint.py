@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hf_zero3.cli.plan import parse_size  # the one size grammar
+from hf_zero3.cli.types import positive_int
 
 
 def add_arguments(verbs) -> None:
@@ -20,7 +21,7 @@ def add_arguments(verbs) -> None:
 
     reshard = verbs.add_parser("reshard", help="add a DeepSpeed universal copy, to resume on another world size")
     reshard.add_argument("checkpoint", help="a complete checkpoint-N folder")
-    reshard.add_argument("--workers", type=int, default=2, help="processes for the conversion")
+    reshard.add_argument("--workers", type=positive_int, default=2, help="processes for the conversion")
     reshard.set_defaults(func=main)
 
     push = verbs.add_parser("push", help="upload an exported folder to the Hub (token: HF_TOKEN or hf auth login)")

@@ -8,16 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _int_or_auto(text: str):
-    return "auto" if text == "auto" else _positive_int(text)
+from hf_zero3.cli.types import int_or_auto, output_file, positive_int
 
 
 def _config_new(args: argparse.Namespace) -> int:
@@ -63,7 +54,11 @@ def _config_new(args: argparse.Namespace) -> int:
         return 2
     text = render(build_ds_config(spec))
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            print(f"error: cannot write {args.output}: {e.strerror}: choose a path you can write to", file=sys.stderr)
+            return 2
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -176,29 +171,29 @@ def build_parser() -> argparse.ArgumentParser:
     new = config.add_parser("new", help="print a ds_config built from options")
     new.add_argument("--like", metavar="FILE", help="start from an existing ds_config (kept intent, fixed errors)")
     new.add_argument("--preset", choices=sorted(STANDALONE_CONFIGS), help="start from a named config")
-    new.add_argument("--world-size", type=_positive_int, help="with --like: make the implied micro batch explicit")
+    new.add_argument("--world-size", type=positive_int, help="with --like: make the implied micro batch explicit")
     new.add_argument("--stage", type=int, choices=[0, 1, 2, 3])
     new.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"])
     new.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
     new.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
     new.add_argument("--nvme-path", help="directory on a local NVMe mount (for nvme offload)")
-    new.add_argument("--micro-batch", dest="micro_batch_size", type=_int_or_auto)
-    new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=_int_or_auto)
-    new.add_argument("--global-batch", dest="global_batch_size", type=_int_or_auto)
+    new.add_argument("--micro-batch", dest="micro_batch_size", type=int_or_auto)
+    new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int_or_auto)
+    new.add_argument("--global-batch", dest="global_batch_size", type=int_or_auto)
     new.add_argument("--gradient-clipping", type=float)
-    new.add_argument("--sub-group-size", type=_positive_int)
-    new.add_argument("--reduce-bucket-size", type=_int_or_auto)
+    new.add_argument("--sub-group-size", type=positive_int)
+    new.add_argument("--reduce-bucket-size", type=int_or_auto)
     for flag in ("activation-checkpointing", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
                  "gather-16bit-weights"):
         new.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
-    new.add_argument("-o", "--output", help="write here instead of stdout")
+    new.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
     new.set_defaults(func=_config_new)
 
     check = config.add_parser("check", help="validate a ds_config; every finding names its fix")
     check.add_argument("file")
-    check.add_argument("--world-size", type=_positive_int)
-    check.add_argument("--micro-batch", type=_positive_int)
-    check.add_argument("--grad-accum", type=_positive_int)
+    check.add_argument("--world-size", type=positive_int)
+    check.add_argument("--micro-batch", type=positive_int)
+    check.add_argument("--grad-accum", type=positive_int)
     check.add_argument("--device", choices=["auto", "cpu", "cuda", "any"], default="auto",
                        help="device the config will run on (auto: cuda if this machine has one, else skip device checks)")
     check.set_defaults(func=_config_check)
@@ -211,10 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = verbs.add_parser("bench", help="benchmark a recipe against stock ZeRO-3 / FSDP2, side by side",
                              epilog="Train overrides for every variant go after --, e.g. -- --block_size 2048")
     bench.add_argument("recipe", help="recipe name (recipes/<name>) or folder")
-    bench.add_argument("--steps", type=_positive_int, default=10, help="measured steps per variant")
+    bench.add_argument("--steps", type=positive_int, default=10, help="measured steps per variant")
     bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
     bench.add_argument("--against", default="stock", help="comma-separated baselines: stock, stock_offload, fsdp2")
-    bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
+    bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")

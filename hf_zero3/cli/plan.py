@@ -13,6 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from hf_zero3.cli.types import output_file, positive_int
+
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -27,26 +29,16 @@ def parse_size(text: str) -> int:
     return int(number * base ** _UNITS[prefix])
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` verb's options."""
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="named shape (tiny, 7b, 13b, 70b, 8b), recipe name, config folder or hub id")
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
-        model.add_argument(f"--{flag}", type=_positive, help="override (or, without --model, define) the shape")
+        model.add_argument(f"--{flag}", type=positive_int, help="override (or, without --model, define) the shape")
     run = parser.add_argument_group("training")
-    run.add_argument("--seq-len", type=_positive, help="tokens per sample (default: min(4096, the model's max))")
-    run.add_argument("--micro-batch", type=_positive, help="fix the per-GPU batch (default: searched)")
-    run.add_argument("--global-batch", type=_positive,
+    run.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: min(4096, the model's max))")
+    run.add_argument("--micro-batch", type=positive_int, help="fix the per-GPU batch (default: searched)")
+    run.add_argument("--global-batch", type=positive_int,
                      help="samples per optimizer step (default: micro batch x GPUs)")
     run.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     run.add_argument("--attention", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa")
@@ -54,15 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
     hw = parser.add_argument_group("hardware (default: this machine)")
-    hw.add_argument("--nodes", type=_positive, default=1)
-    hw.add_argument("--gpus", type=int, help="GPUs per node")
+    hw.add_argument("--nodes", type=positive_int, default=1)
+    hw.add_argument("--gpus", type=positive_int, help="GPUs per node")
     hw.add_argument("--gpu-mem", type=parse_size, help="memory per GPU, e.g. 40GB, 80GiB")
     hw.add_argument("--host-ram", type=parse_size, help="host RAM per node, e.g. 1TB, 512G")
     hw.add_argument("--nvme-path", help="a directory on a local NVMe drive (enables NVMe offload options)")
     hw.add_argument("--nvme-free", type=parse_size, help="free NVMe space per node (default: read at --nvme-path)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    out.add_argument("--write-config", metavar="PATH", help="write the chosen ds_config here")
+    out.add_argument("--write-config", metavar="PATH", type=output_file, help="write the chosen ds_config here")
 
 
 def _shape(args: argparse.Namespace):
@@ -180,8 +172,6 @@ def main(args: argparse.Namespace) -> int:
     from hf_zero3.plan.shapes import ModelError
 
     try:
-        if args.gpus is not None and args.gpus < 1:
-            raise PlanError(f"--gpus must be >= 1 (got {args.gpus}): pass the GPUs per node you plan for")
         shape = _shape(args)
         hardware = detect_hardware(nodes=args.nodes, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem,
                                    host_ram=args.host_ram, nvme_path=args.nvme_path, nvme_free=args.nvme_free)
@@ -193,7 +183,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.write_config and choice.fits:
-        Path(args.write_config).write_text(render(choice.ds_config))
+        try:
+            Path(args.write_config).write_text(render(choice.ds_config))
+        except OSError as e:
+            print(f"error: cannot write {args.write_config}: {e.strerror}: choose a path you can write to",
+                  file=sys.stderr)
+            return 2
     if args.json:
         shown = _shown(choice)
         print(json.dumps({

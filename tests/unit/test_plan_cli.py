@@ -81,7 +81,6 @@ def test_small_model_and_custom_shape(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--model", "70B-chat", "--gpus", "8", "--gpu-mem", "40GB"], "unknown model '70B-chat'"),
-    (["--model", "70b", "--gpus", "0", "--gpu-mem", "40GB"], "--gpus must be >= 1"),
     (["--hidden", "64", "--gpus", "8", "--gpu-mem", "40GB"], "pass --model NAME"),
     (["--model", "70b", "--gpus", "8", "--gpu-mem", "40GB", "--global-batch", "100"], "not a multiple of 8 GPUs"),
 ])
@@ -90,11 +89,16 @@ def test_bad_inputs_exit_2_naming_the_fix(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_bad_size_is_an_argparse_error(capsys):
+@pytest.mark.parametrize("argv,message", [
+    (["--gpus", "8", "--gpu-mem", "40"], "argument --gpu-mem: bad size '40': give a number with a unit"),
+    (["--gpus", "0", "--gpu-mem", "40GB"], "argument --gpus: must be a positive integer, got '0'"),
+    (["--gpus", "8", "--gpu-mem", "40GB", "--write-config", "."], "argument --write-config: . is a folder"),
+])
+def test_bad_arguments_are_argparse_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["plan", "--model", "70b", "--gpus", "8", "--gpu-mem", "40"])
+        main(["plan", "--model", "70b", *argv])
     assert exit_info.value.code == 2
-    assert "bad size '40': give a number with a unit" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
