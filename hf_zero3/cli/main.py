@@ -11,6 +11,16 @@ from pathlib import Path
 from hf_zero3.cli.types import int_or_auto, output_file, positive_int
 
 
+def _problems(error: ValueError) -> list[str]:
+    """A spec's validation error as one line per problem, without pydantic's type names and links."""
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return [str(error)]
+    return [(".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            + ("" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})") for e in error.errors()]
+
+
 def _config_new(args: argparse.Namespace) -> int:
     from hf_zero3.config.build import build_ds_config, training_args_overrides
     from hf_zero3.config.check import load_config
@@ -23,8 +33,8 @@ def _config_new(args: argparse.Namespace) -> int:
         try:
             spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
         except (FileNotFoundError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-            print(f"error: cannot convert {args.like}: {e}\nRun `hf-zero3 config check {args.like}` for every "
-                  "finding with its fix", file=sys.stderr)
+            print(f"error: cannot convert {args.like}: {'; '.join(_problems(e))}\nRun `hf-zero3 config check "
+                  f"{args.like}` for every finding with its fix", file=sys.stderr)
             return 2
         fields = spec.model_dump(exclude_unset=True)
     elif args.preset:
@@ -47,10 +57,15 @@ def _config_new(args: argparse.Namespace) -> int:
                        ("gather_16bit_weights", "gather_16bit_weights_on_save")):
         if getattr(args, flag) is not None:
             fields[name] = getattr(args, flag)
+    for name in ("offload_optimizer", "offload_param"):
+        if fields.get(name, {}).get("device") == "nvme" and not fields[name].get("nvme_path"):
+            print(f"error: --{name.replace('_', '-')} nvme needs --nvme-path DIR: a directory on a local NVMe mount",
+                  file=sys.stderr)
+            return 2
     try:
         spec = ZeroSpec(**fields)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("\n".join(f"error: {line}" for line in _problems(e)), file=sys.stderr)
         return 2
     text = render(build_ds_config(spec))
     if args.output:

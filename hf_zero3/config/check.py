@@ -89,6 +89,8 @@ class Finding:
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read a ds_config JSON file; a clear error for a missing or malformed file."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"ds_config {path} is a folder: pass the path of its DeepSpeed JSON file")
     if not path.is_file():
         raise FileNotFoundError(f"ds_config {path} not found: pass the path of a DeepSpeed JSON config")
     try:

@@ -140,11 +140,16 @@ class ZeroSpec(Strict):
         for name in ("gradient_clipping",):
             value = getattr(self, name)
             if value != "auto" and value < 0:
-                problems.append(f"{name} must be >= 0 or 'auto'")
+                problems.append(f"{name} must be >= 0 or 'auto' (got {value})")
         for name in ("reduce_bucket_size", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size"):
             value = getattr(self, name)
             if value != "auto" and value < 1:
                 problems.append(f"{name} must be a positive integer or 'auto' (got {value})")
+        sizes = (self.global_batch_size, self.micro_batch_size, self.gradient_accumulation_steps)
+        if all(isinstance(v, int) and v >= 1 for v in sizes) and sizes[0] % (sizes[1] * sizes[2]):
+            problems.append(f"global_batch_size {sizes[0]} is not a multiple of micro_batch_size {sizes[1]} x "
+                            f"gradient_accumulation_steps {sizes[2]}, so no world size fits: make it a multiple of "
+                            f"{sizes[1] * sizes[2]}, or set one of the three to 'auto'")
         for name in ("prefetch_bucket_size", "param_persistence_threshold"):
             value = getattr(self, name)
             if value != "auto" and value < 0:
