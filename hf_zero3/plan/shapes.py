@@ -47,7 +47,7 @@ class ModelShape:
                 raise ModelError(f"model {self.name}: {field} must be >= 1 (got {getattr(self, field)})")
         if self.heads % self.kv_heads:
             raise ModelError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "
-                             f"({self.kv_heads})")
+                             f"({self.kv_heads}): give kv_heads (--kv-heads) a divisor of {self.heads}")
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
