@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from packaging.requirements import InvalidRequirement, Requirement
+
     from hf_zero3.config.check import load_config
     from hf_zero3.ops import doctor
 
@@ -65,6 +67,12 @@ def main(args: argparse.Namespace) -> int:
             doctor.read_hostfile(args.hostfile)
         except doctor.HostfileError as e:
             problems.append(f"--hostfile: {e}")
+    for text in args.matrix:
+        try:
+            Requirement(text)
+        except InvalidRequirement:
+            problems.append(f"--matrix {text!r} is not a requirement: give a package and its range, e.g. "
+                            "'torch>=2.8,<2.14'")
     if problems:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
