@@ -19,6 +19,7 @@ from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
     deepspeed_tag_dir,
     is_complete,
+    newest_complete,
     verify_checkpoint,
     verify_weights,
 )
@@ -34,7 +35,18 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 
 def _require_complete(checkpoint: Path) -> None:
     if not is_complete(checkpoint) and (problems := verify_checkpoint(checkpoint)):
-        raise CheckpointError(f"{checkpoint} is not a complete checkpoint: {'; '.join(problems[:5])}")
+        raise CheckpointError(f"{checkpoint} is not a complete checkpoint: {'; '.join(problems[:5])}. "
+                              f"{_instead(checkpoint)}")
+
+
+def _instead(path: Path) -> str:
+    """What to pass instead of `path`: the newest complete checkpoint in it or the one holding it, if any."""
+    for folder in (path, path.parent):
+        if folder.is_dir() and (newest := newest_complete(folder)):
+            return f"Pass a complete checkpoint-N folder, e.g. {newest} (the newest in {folder})"
+    if path.parent.is_dir() and is_complete(path.parent):
+        return f"Pass the checkpoint folder that holds it: {path.parent}"
+    return "Pass a complete checkpoint-N folder (one that hf_zero3 marked complete when it saved it)"
 
 
 def shard_bytes(size: str | int) -> int:
