@@ -121,6 +121,9 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
 
     folder = Path(folder)
     check_repo_id(repo_id)
+    if not folder.is_dir():
+        raise CheckpointError(f"not pushing {folder}: {'not a folder' if folder.exists() else 'it does not exist'}. "
+                              "Push the folder that `hf-zero3 export CHECKPOINT FOLDER` wrote")
     if problems := verify_weights(folder):
         raise CheckpointError(f"not pushing {folder}: {'; '.join(problems)}. Push a folder written by "
                               "`hf-zero3 export`")
