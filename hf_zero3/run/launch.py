@@ -143,7 +143,7 @@ def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str 
         return hostfile or DEFAULT_HOSTFILE, dict.fromkeys(names, gpus), True
     if hostfile is None:
         return None, None, False
-    if not Path(hostfile).is_file():
+    if not Path(hostfile).exists():
         problems.append(f"HOSTFILE={hostfile} does not exist: write it (lines `host slots=N`), "
                         "or set HOSTS=host1,host2 to have it written")
         return hostfile, None, False
@@ -232,6 +232,20 @@ def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problem
     return ["--model_name_or_path", "null", "--config_name", source]
 
 
+def _sizes(env: Mapping[str, str], problems: list[str]) -> None:
+    """GPU_MEM and HOST_RAM, in the planner's size grammar (read by DRY_RUN's plan)."""
+    from hf_zero3.cli.plan import parse_size
+
+    for name, example in (("GPU_MEM", "80GB"), ("HOST_RAM", "1TB")):
+        text = env.get(name, "").strip()
+        try:
+            if text:
+                parse_size(text)
+        except argparse.ArgumentTypeError:
+            problems.append(f"{name}={text} is not a size: set {name}={example} (GB: 10^9 bytes; GiB or G: 2^30), "
+                            "or unset it")
+
+
 def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: Target = Target()) -> Launch:
     """Check the launch settings in `env` together and build the deepspeed command (raises LaunchError)."""
     from hf_zero3.run.distributed import free_port
@@ -258,6 +272,7 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
         problems.append(f"LAUNCHER={launcher or 'pdsh'} needs `{tool}` on this node: install it, or start every node "
                         "yourself with NO_SSH=1 NODE_RANK=i MASTER_ADDR=node0 (scripts/slurm/train.sbatch)")
     model_args = _model_args(env, recipe, from_config, problems)
+    _sizes(env, problems)
     if problems:
         raise LaunchError("\n".join(problems))
 
@@ -327,12 +342,15 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
 
     from hf_zero3.config.check import check_ds_config, has_errors, load_config
     from hf_zero3.run.data import DataArguments
-    from hf_zero3.run.train import TrainingArguments, UsageError, load_arguments
+    from hf_zero3.run.train import TrainingArguments, UsageError, input_problems, load_arguments
 
     try:
         values = load_arguments(launch.train_argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if problems := input_problems(values, device=None):  # what train checks first, on the target's device
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}
     get = lambda key: values.get(key, defaults.get(key))

@@ -475,9 +475,9 @@ def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
     return [f"{name}: {f.key}: {f.message}" for f in findings if f.level == "error"]
 
 
-def check_inputs(values: dict[str, Any], device: str) -> None:
-    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
-    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
+def input_problems(values: dict[str, Any], device: str | None) -> list[str]:
+    """What is wrong with the model folders and the data files or dataset (device None: not known, e.g. a dry run on
+    a login node, so device checks are skipped)."""
     problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
         if device == "cpu" and values.get("fp16") else []
     problems += _model_problems(values)
@@ -487,7 +487,13 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     if values.get("dataset_name") and not values.get("train_file") and \
             (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
         problems.append(problem)
-    problems += _ds_config_problems(values, device)
+    return problems
+
+
+def check_inputs(values: dict[str, Any], device: str) -> None:
+    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
+    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
+    problems = input_problems(values, device) + _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
 
