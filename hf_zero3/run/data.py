@@ -165,6 +165,16 @@ def _check_text_column(raw: datasets.DatasetDict, column: str) -> None:
             raise DataError(f"the {name} data has no rows; give it a file or split with text in {column!r}.")
 
 
+def block_size_problem(block_size: int, max_positions: int | None) -> str | None:
+    """What is wrong with block_size for a model with `max_positions` (None: not known yet)."""
+    if block_size < 2:
+        return f"block_size={block_size} is too small; causal LM blocks need block_size >= 2."
+    if max_positions is not None and block_size > max_positions:
+        return (f"block_size={block_size} exceeds the model's max positions ({max_positions}); "
+                f"lower block_size to <= {max_positions}.")
+    return None
+
+
 def build_datasets(
     data_args: DataArguments, tokenizer, training_args, max_positions: int
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
@@ -173,13 +183,8 @@ def build_datasets(
     No `attention_mask`: blocks are never padded, and causal LMs treat a missing mask as all ones.
     """
     block_size = data_args.block_size
-    if block_size < 2:
-        raise DataError(f"block_size={block_size} is too small; causal LM blocks need block_size >= 2.")
-    if block_size > max_positions:
-        raise DataError(
-            f"block_size={block_size} exceeds the model's max positions ({max_positions}); "
-            f"lower block_size to <= {max_positions}."
-        )
+    if problem := block_size_problem(block_size, max_positions):
+        raise DataError(problem)
     eos = tokenizer.eos_token_id
     if eos is None:
         raise DataError("the tokenizer has no eos_token; set one (documents are joined with EOS).")

@@ -25,7 +25,7 @@ from typing import Any
 import transformers
 import yaml
 
-from hf_zero3.run.data import DataArguments, DataError, dataset_problem, file_problem
+from hf_zero3.run.data import DataArguments, DataError, block_size_problem, dataset_problem, file_problem
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -475,12 +475,30 @@ def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
     return [f"{name}: {f.key}: {f.message}" for f in findings if f.level == "error"]
 
 
+def _max_positions(values: dict[str, Any]) -> int | None:
+    """The model's max positions from its config alone (a local folder, or a hub id already in the cache), with
+    config_overrides applied; None when it cannot be known before loading."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(values.get("model_name_or_path") or values.get("config_name"),
+                                            local_files_only=True, trust_remote_code=bool(values.get("trust_remote_code")))
+        if values.get("config_overrides"):
+            config.update_from_string(values["config_overrides"])
+    except (OSError, ValueError):
+        return None
+    return getattr(config, "max_position_embeddings", None)
+
+
 def input_problems(values: dict[str, Any], device: str | None) -> list[str]:
     """What is wrong with the model folders and the data files or dataset (device None: not known, e.g. a dry run on
     a login node, so device checks are skipped)."""
     problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
         if device == "cpu" and values.get("fp16") else []
     problems += _model_problems(values)
+    if not problems and (problem := block_size_problem(values.get("block_size", DataArguments.block_size),
+                                                       _max_positions(values))):
+        problems.append(problem)
     for key in ("train_file", "validation_file"):
         if values.get(key) and (problem := file_problem(values[key], key)):
             problems.append(problem)
