@@ -113,7 +113,7 @@ def _configs(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.bench import BASELINES, run_bench
+    from hf_zero3.bench import BASELINES, TUNED_MICRO_BATCH, run_bench, tuned_accumulation
     from hf_zero3.distributed import cuda_available
     from hf_zero3.train import load_arguments
 
@@ -127,9 +127,20 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
         return 2
+    others = {}
+    for item in args.variant:
+        name, _, folder = item.partition("=")
+        if not name or not folder or not (Path(folder) / "train_args.yaml").is_file() or \
+                not (Path(folder) / "ds_config.json").is_file() or name == "ours" or name in BASELINES:
+            print(f"error: --variant {item}: give NAME=FOLDER, a recipe folder (train_args.yaml + ds_config.json) "
+                  "and a name that is not ours or a baseline", file=sys.stderr)
+            return 2
+        others[name] = Path(folder)
     extra = args.overrides
     try:
         values = load_arguments([str(recipe / "train_args.yaml"), *extra])
+        for folder in others.values():
+            load_arguments([str(folder / "train_args.yaml"), *extra])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,6 +149,13 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
+    try:
+        for name in against:
+            if name in TUNED_MICRO_BATCH:
+                tuned_accumulation(name, global_batch, gpus)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     label = args.label or recipe.name
     from hf_zero3.models import load_config_shape
 
@@ -148,7 +166,8 @@ def _bench(args: argparse.Namespace) -> int:
     report = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
                        out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
                        model_label=label, model=model, seq_len=values.get("block_size", 512), global_batch=global_batch,
-                       command="hf-zero3 " + " ".join(args.argv))
+                       command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
+                       resume=args.resume)
     print(f"wrote {report}")
     return 0
 
@@ -207,7 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("recipe", help="recipe name (recipes/<name>) or folder")
     bench.add_argument("--steps", type=_positive_int, default=10, help="measured steps per variant")
     bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
-    bench.add_argument("--against", default="stock", help="comma-separated baselines: stock, stock_offload, fsdp2")
+    bench.add_argument("--against", default="stock",
+                       help="comma-separated baselines: stock, stock_offload, fsdp2 (as documented: checkpointing on, "
+                            "the recipe's micro batch) and stock_tuned, zero2_tuned, fsdp2_tuned (tuned by hand: "
+                            "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200)")
+    bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
+                       help="another recipe folder, run like ours under NAME (repeatable)")
+    bench.add_argument("--repeats", type=_positive_int, default=1,
+                       help="runs per config, interleaved; the report gives medians and each run")
+    bench.add_argument("--resume", action="store_true",
+                       help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")

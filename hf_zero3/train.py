@@ -57,6 +57,9 @@ class TrainingArguments(transformers.TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
                                           "overwritten). Without it such a dir is refused."})
+    save_final_model: bool = field(
+        default=True, metadata={"help": "Save the final model to output_dir after training. `hf-zero3 bench` turns "
+                                        "it off: its scratch runs measure steps, and an 8B save takes tens of seconds."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -310,6 +313,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         if values.get("fp16"):
             raise UsageError("fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true")
         values["use_cpu"] = True
+        if values.get("use_liger_kernel"):  # Liger's kernels are Triton GPU kernels; the same recipe runs on CPU
+            print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
+            values["use_liger_kernel"] = False
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
@@ -346,7 +352,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         _explain_oom(error, model.config, training_args, data_args.block_size)
         raise
     metrics = dict(result.metrics)
-    trainer.save_model()
+    if training_args.save_final_model:
+        trainer.save_model()
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
@@ -363,7 +370,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
         checkpoints = list_checkpoints(out)
-        print(f"hf_zero3: final model: {out}", flush=True)
+        if training_args.save_final_model:
+            print(f"hf_zero3: final model: {out}", flush=True)
         if checkpoints:
             print(f"hf_zero3: last checkpoint: {checkpoints[-1]}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
