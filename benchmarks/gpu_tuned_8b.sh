@@ -36,7 +36,7 @@ assert "per_device_train_batch_size: 2\n" in text and "gradient_accumulation_ste
 assert "use_liger_kernel: true\n" in text
 (folder / "train_args.yaml").write_text(text)
 PY
-python3 -m hf_zero3 bench 8b --label llama3-8b --steps 4 --warmup 2 --repeats 3 \
+python3 -m hf_zero3 bench 8b --label llama3-8b --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
   --against stock_tuned,zero2_tuned,fsdp2_tuned --variant zero2_liger=outputs/recipes/8b-zero2-liger --gpus 2 \
   --out "$out" --work-dir "$work" "$@" -- \
   --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \

@@ -289,14 +289,19 @@ def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
     return True
 
 
-def _follow(proc: subprocess.Popen, log: Path, total: int, label: str) -> int:
-    """Wait for a run, showing a progress bar from its train_log.jsonl."""
+def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
+    """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
+    stopped and reported as exit 124, so one hung run cannot eat a whole bench."""
     from tqdm import tqdm
 
     start = time.time()
     with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
+            if limit and time.time() - start > limit:
+                _stop(proc)
+                print(f"{label}: stopped after {limit:.0f} s (--run-timeout)", file=sys.stderr, flush=True)
+                return 124
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
     print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
@@ -316,7 +321,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
-              resume: bool = False) -> Path:
+              resume: bool = False, run_timeout: float = 0) -> Path:
     """Run every variant `repeats` times (interleaved) and write <model>_<hardware>_<date>.md/.jsonl/.png into
     out_dir; returns the .md.
 
@@ -365,7 +370,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             try:
                 code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
-                               f"[{index + 1}/{total}] {variant.name} run {repeat}")
+                               f"[{index + 1}/{total}] {variant.name} run {repeat}", run_timeout)
             finally:
                 _stop(proc)
         records = [{"repeat": repeat, **r} for r in _read_jsonl(run_dir / "train_log.jsonl")]

@@ -167,7 +167,7 @@ def _bench(args: argparse.Namespace) -> int:
                        out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
                        model_label=label, model=model, seq_len=values.get("block_size", 512), global_batch=global_batch,
                        command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                       resume=args.resume)
+                       resume=args.resume, run_timeout=args.run_timeout)
     print(f"wrote {report}")
     return 0
 
@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another recipe folder, run like ours under NAME (repeatable)")
     bench.add_argument("--repeats", type=_positive_int, default=1,
                        help="runs per config, interleaved; the report gives medians and each run")
+    bench.add_argument("--run-timeout", type=_positive_int, default=0, metavar="SECONDS",
+                       help="stop a run that takes longer (reported as failed, exit 124); default: no limit")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
