@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The same-lease comparison behind benchmarks/llama3-8b_2xH200_<date>_tuned.md, run from the repository root on a
-# 2-GPU box: a Llama-3-8B-shaped model with random weights (no download), recipe 8b as shipped ("ours") and the
-# candidate ZeRO-2 + Liger recipe ("zero2_liger": ds_configs/zero2.json, micro 2 x accumulation 3) against the
-# hand-tuned stock baselines (stock_tuned ZeRO-3, zero2_tuned, fsdp2_tuned: hf_zero3/bench.py), same global batch
-# (12 x 4096 tokens), 3 runs each, interleaved. A call cut short is continued with --resume (same WORK_DIR).
+# The same-lease comparison behind benchmarks/llama3-8b_2xH200_<date>_tuned.md (issue 13), run from the repository
+# root on a 2-GPU box: a Llama-3-8B-shaped model with random weights (no download), sequence 4096, bf16, global
+# batch 12 x 4096 tokens for every config, 3 runs of each, interleaved:
+#   ours         candidate recipe 8b v2: the recipe's ZeRO-3 config + Liger, micro 3 x accumulation 2
+#   zero2_liger  candidate: ds_configs/zero2.json (the generator's ZeRO-2) + Liger, micro 2 x accumulation 3
+#   stock_tuned, zero2_tuned, fsdp2_tuned   stock HF by hand (hf_zero3/bench.py: TUNED_MICRO_BATCH)
+# Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
+# A call cut short is continued with --resume and the same WORK_DIR (same machine).
 # Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
 set -euo pipefail
 out=${1:-benchmarks}
@@ -18,25 +21,29 @@ LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num
             tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
 PY
 python3 - <<'PY'
-# The ZeRO-2 candidate: recipe 8b with the generator's ZeRO-2 config and micro 2 x accumulation 3 (same global batch).
+import re
 import shutil
 from pathlib import Path
 
 from hf_zero3.ds_config import build_ds_config
-from hf_zero3.presets import STANDALONE_CONFIGS, render
+from hf_zero3.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render
 
-folder = Path("outputs/recipes/8b-zero2-liger")
-shutil.rmtree(folder, ignore_errors=True)
-shutil.copytree("recipes/8b", folder)
-(folder / "ds_config.json").write_text(render(build_ds_config(STANDALONE_CONFIGS["zero2"])))
-text = (folder / "train_args.yaml").read_text()
-text = text.replace("per_device_train_batch_size: 3\n", "per_device_train_batch_size: 2\n")
-text = text.replace("gradient_accumulation_steps: 2\n", "gradient_accumulation_steps: 3\n")
-assert "per_device_train_batch_size: 2\n" in text and "gradient_accumulation_steps: 3\n" in text
-assert "use_liger_kernel: true\n" in text
-(folder / "train_args.yaml").write_text(text)
+for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
+                                 ("8b-zero2-liger", STANDALONE_CONFIGS["zero2"], 2, 3)):
+    folder = Path("outputs/recipes") / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree("recipes/8b", folder)
+    (folder / "ds_config.json").write_text(render(build_ds_config(spec)))
+    text = (folder / "train_args.yaml").read_text()
+    text, n1 = re.subn(r"(?m)^per_device_train_batch_size: \d+$", f"per_device_train_batch_size: {micro}", text)
+    text, n2 = re.subn(r"(?m)^gradient_accumulation_steps: \d+$", f"gradient_accumulation_steps: {accum}", text)
+    text, n3 = re.subn(r"(?m)^gradient_checkpointing: false$", "gradient_checkpointing: false\nuse_liger_kernel: true",
+                       text)
+    assert (n1, n2, n3) == (1, 1, 1), (name, n1, n2, n3)
+    (folder / "train_args.yaml").write_text(text)
 PY
-python3 -m hf_zero3 bench 8b --label llama3-8b --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
+python3 -m hf_zero3 bench outputs/recipes/8b-zero3-liger --label llama3-8b --suffix tuned \
+  --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
   --against stock_tuned,zero2_tuned,fsdp2_tuned --variant zero2_liger=outputs/recipes/8b-zero2-liger --gpus 2 \
   --out "$out" --work-dir "$work" "$@" -- \
   --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \

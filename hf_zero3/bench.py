@@ -321,9 +321,9 @@ def _stop(proc: subprocess.Popen) -> None:
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
-              resume: bool = False, run_timeout: float = 0) -> Path:
-    """Run every variant `repeats` times (interleaved) and write <model>_<hardware>_<date>.md/.jsonl/.png into
-    out_dir; returns the .md.
+              resume: bool = False, run_timeout: float = 0, suffix: str = "") -> Path:
+    """Run every variant `repeats` times (interleaved) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
+    into out_dir; returns the .md.
 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
     (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
@@ -345,7 +345,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
             "versions": versions(), "model": model, "seq_len": seq_len, "global_batch": global_batch,
             "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
             "configs": {}}
-    report = out_dir / f"{model_label}_{short_hw}_{date}.md"
+    report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends the bench: stop the run in flight too
     total = repeats * len(variants)
     for index in range(total):

@@ -167,7 +167,7 @@ def _bench(args: argparse.Namespace) -> int:
                        out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown,
                        model_label=label, model=model, seq_len=values.get("block_size", 512), global_batch=global_batch,
                        command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                       resume=args.resume, run_timeout=args.run_timeout)
+                       resume=args.resume, run_timeout=args.run_timeout, suffix=args.suffix)
     print(f"wrote {report}")
     return 0
 
@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")
+    bench.add_argument("--suffix", default="",
+                       help="appended to the report's file name: <label>_<hardware>_<date>_<suffix>")
     bench.add_argument("--out", default="benchmarks", help="where the report, JSONL and PNG go")
     bench.add_argument("--work-dir", default="outputs/bench", help="where the runs write their outputs")
     bench.set_defaults(func=_bench)
