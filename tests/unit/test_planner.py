@@ -112,6 +112,26 @@ def test_checkpointing_micro_batch_and_vocab_scale_activations():
         == 8192 * 12 * 128_256 == 12_608_077_824
 
 
+def test_liger_keeps_smaller_layers_and_never_the_whole_logits():
+    """Liger (liger_kernel 0.8: LigerRMSNorm, LigerSiLUMulFunction, fused linear cross-entropy) by hand, 8B, bf16."""
+    s8, spec = load_shape("8b"), ZeroSpec(stage=3)
+    # norms keep a 16-bit input and an fp32 rstd each; the MLP keeps gate, up and their product (SiLU recomputed)
+    assert layer_activation_bytes(s8, "bf16", 4096, "sdpa", liger=True) == 2 * (2 * 4096 + 4) \
+        + 2 * (2 * 4096 + 2 * 1024) + 4 * 32 + 3 * 2 * 14336 == 123_016
+    hf, liger = plan(s8, _gpus(1, 2, 140 * 2**30), Training(4096, 3), spec), \
+        plan(s8, _gpus(1, 2, 140 * 2**30), Training(4096, 3, liger=True), spec)
+    assert "logits + loss (fp32 cross-entropy)" not in _terms(liger)
+    # 12,288 tokens: input grad 2 B x h, fp32 loss, the lm_head grad 2 B x vocab x h, one 512-token chunk of logits
+    # (liger: next power of 2 of 12,288 / ceil(128,256 / 4096) = 384)
+    assert _terms(liger)["fused linear cross-entropy (Liger)"] == 12288 * (2 * 4096 + 4) + 2 * 128_256 * 4096 \
+        + 2 * 512 * 128_256
+    assert _terms(liger)["activations: 32 layers stored"] == 12288 * (32 * 123_016 + 2 * 4096 + 4)
+    assert hf.gpu_allocated_bytes - liger.gpu_allocated_bytes > 30 * GB
+    # the planner picks a larger micro batch when Liger is on
+    pick = lambda lg: choose(s8, _gpus(1, 2, 140 * 2**30), 4096, global_batch=12, liger=lg).plan.training.micro_batch
+    assert pick(True) > pick(False)
+
+
 def test_offload_moves_states_to_host_and_nvme():
     opt = plan(S70, _gpus(), Training(4096), STANDALONE_CONFIGS["zero3_offload_optimizer"])
     assert "fp32 master weights + Adam m, v" not in _terms(opt)
