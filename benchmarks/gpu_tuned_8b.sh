@@ -8,6 +8,7 @@
 # Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
 # A call cut short is continued with --resume and the same WORK_DIR (same machine).
 # Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
+# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15, for a short lease).
 # Smoke test on one GPU (checks the plumbing, not the speed): GPUS=1 TRAIN_OVERRIDES="--config_overrides
 # num_hidden_layers=4" bash benchmarks/gpu_tuned_8b.sh OUT WORK
 set -euo pipefail
@@ -46,7 +47,8 @@ for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
 PY
 python3 -m hf_zero3 bench outputs/recipes/8b-zero3-liger --label llama3-8b --suffix tuned \
   --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
-  --against stock_tuned,zero2_tuned,fsdp2_tuned --variant zero2_liger=outputs/recipes/8b-zero2-liger --gpus "${GPUS:-2}" \
+  --against stock_tuned,zero2_tuned,fsdp2_tuned --gpus "${GPUS:-2}" \
+  $([ "${ZERO2_LIGER:-1}" = 0 ] || echo --variant zero2_liger=outputs/recipes/8b-zero2-liger) \
   --out "$out" --work-dir "$work" "$@" -- \
   --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
   --train_file assets/tiny/corpus/train.txt ${TRAIN_OVERRIDES:-}
