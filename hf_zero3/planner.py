@@ -28,6 +28,11 @@ GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
 """Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
 on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
 partition-sized copies of the gradients, which fragment the cache)."""
+GPU_MARGIN_NEAR_FULL = {3: 0.07}
+"""The fragmentation a nearly full GPU still needs, by ZeRO stage. Close to capacity the caching allocator releases
+its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
+140 GiB reserved 4.8% and 6.8% more (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). A plan whose full margin does
+not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
@@ -182,6 +187,11 @@ class Plan:
         return self.gpu_bytes <= self.hardware.gpu_mem
 
     @property
+    def tight(self) -> bool:
+        """It fits only with the near-full fragmentation allowance (`GPU_MARGIN_NEAR_FULL`), not the full margin."""
+        return any(n.startswith("tight fit:") for n in self.notes)
+
+    @property
     def fits_host(self) -> bool:
         return self.hardware.host_ram is None or self.host_bytes <= self.hardware.host_ram
 
@@ -249,10 +259,11 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     Two RMSNorms (fp32 input copy 4h, normalized 16-bit, output 16-bit), q/k/v after RoPE and the attention
     output (16-bit), the kernel's fp32 log-sum-exp per head, and the SwiGLU MLP's gate, act, up, product.
     Eager attention repeats k/v to all heads and keeps the fp32 softmax and its 16-bit copy (seq per head).
-    With Liger: each RMSNorm keeps its 16-bit input and an fp32 rstd; SwiGLU keeps gate, up and the product.
+    With Liger: each RMSNorm keeps its 16-bit input and an fp32 rstd (its 16-bit output is still kept by the
+    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed).
     """
     b, h = element_bytes(precision), shape.hidden
-    norms = 2 * (b * h + 4) if liger else 2 * (4 * h + 2 * b * h)
+    norms = 2 * (2 * b * h + 4) if liger else 2 * (4 * h + 2 * b * h)
     mlp = (3 if liger else 4) * b * shape.ffn
     if attention == "eager":
         attn = b * 4 * shape.q_dim + shape.heads * seq_len * (4 + (b if b != 4 else 0))
@@ -349,9 +360,16 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
-    margin = GPU_MARGIN[stage]
-    add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
-        "overhead", False)
+    margin, tight = GPU_MARGIN[stage], GPU_MARGIN_NEAR_FULL.get(stage)
+    left = hardware.gpu_mem - CUDA_CONTEXT_BYTES - allocated
+    if tight is not None and tight * allocated <= left < margin * allocated:
+        add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
+            f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
+        notes.append(f"tight fit: {left / allocated:.1%} of allocated left for fragmentation (measured need near a "
+                     f"full GPU: {tight:.0%}); the allocator will release cached blocks, which can cost some speed")
+    else:
+        add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
+            "overhead", False)
     add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "measured: NVML used - torch reserved", "overhead",
         False)
     # Host RAM per node beyond offloaded states.
@@ -444,13 +462,14 @@ class Choice:
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
            load_bytes: int | None = None, liger: bool = False) -> Choice:
-    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides.
+    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides; a plan that fits only
+    tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
               "attention": attention, "load_bytes": load_bytes, "liger": liger}
     tried = candidates(shape, hardware, seq_len, **kwargs)
-    best = next((p for p in tried if p.fits), None)
+    best = next((p for p in tried if p.fits and not p.tight), None) or next((p for p in tried if p.fits), None)
     if best is not None:
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), training_args_overrides(best.spec))
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
