@@ -196,6 +196,12 @@ def versions() -> dict[str, str]:
 
     found = {"python": platform.python_version(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
              "transformers": transformers.__version__, "accelerate": accelerate.__version__}
+    try:  # optional: what `use_liger_kernel` runs
+        from importlib.metadata import version
+
+        found["liger-kernel"] = version("liger-kernel")
+    except ImportError:
+        pass
     if torch.cuda.is_available():
         found["cuda"] = torch.version.cuda or "?"
         try:
@@ -390,6 +396,8 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
 
 
 def _write_state_outputs(report: Path, meta: dict, state: dict, names: list[str]) -> None:
+    """The report of every run recorded in `state`: this call's variants first, then those of earlier calls."""
+    names = [*names, *(n for n in state["runs"] if n not in names)]
     results, per_variant = {}, {}
     for name in names:
         runs = [state["runs"][name][k] for k in sorted(state["runs"].get(name, {}), key=int)]
