@@ -404,6 +404,8 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
     print(f"\nrecipe    {recipe.name}: {ours.label}, micro batch {micro}: {gb(ours.gpu_bytes)} per GPU, "
           f"{gb(ours.host_bytes)} host RAM per node: {verdict}"
           + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
+    for note in ours.notes:
+        print(f"          {note}")
     return max(rc, 0 if ours.fits else 1)
 
 

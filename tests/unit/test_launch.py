@@ -211,7 +211,7 @@ def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
     """`use_liger_kernel: true` (YAML or override) reaches the memory plan: no fp32 logits, smaller layers."""
     argv = ["--target", "1x2x140GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "3"]
-    main(argv, {"DRY_RUN": "1"})
+    main([*argv, "--use_liger_kernel", "false"], {"DRY_RUN": "1"})
     plain = capsys.readouterr().out
     main([*argv, "--use_liger_kernel", "true"], {"DRY_RUN": "1"})
     liger = capsys.readouterr().out
