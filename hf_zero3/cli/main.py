@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -114,7 +113,7 @@ def _configs(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.ops.bench import BASELINES, run_bench
+    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, run_bench, tuned_accumulation
     from hf_zero3.recipes import RecipeError, get
     from hf_zero3.run.distributed import cuda_available
     from hf_zero3.run.train import load_arguments
@@ -129,9 +128,20 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
         return 2
+    others = {}
+    for item in args.variant:
+        name, _, folder = item.partition("=")
+        if not name or not folder or not (Path(folder) / "train_args.yaml").is_file() or \
+                not (Path(folder) / "ds_config.json").is_file() or name == "ours" or name in BASELINES:
+            print(f"error: --variant {item}: give NAME=FOLDER, a recipe folder (train_args.yaml + ds_config.json) "
+                  "and a name that is not ours or a baseline", file=sys.stderr)
+            return 2
+        others[name] = Path(folder)
     extra = args.overrides
     try:
         values = load_arguments([str(recipe / "train_args.yaml"), *extra])
+        for folder in others.values():
+            load_arguments([str(folder / "train_args.yaml"), *extra])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -140,6 +150,13 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
+    try:
+        for name in against:
+            if name in TUNED_MICRO_BATCH:
+                tuned_accumulation(name, global_batch, gpus)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     label = args.label or recipe.name
     from hf_zero3.plan.shapes import load_config_shape
 
@@ -147,12 +164,12 @@ def _bench(args: argparse.Namespace) -> int:
                               overrides=values.get("config_overrides"))
     model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
              f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # so run_bench stops its ranks
     report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
                                out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
                                breakdown=args.breakdown, model_label=label, model=model,
                                seq_len=values.get("block_size", 512), global_batch=global_batch,
-                               command="hf-zero3 " + " ".join(args.argv))
+                               command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
+                               resume=args.resume, run_timeout=args.run_timeout, suffix=args.suffix)
     print(f"wrote {report}")
     for name, error in failed.items():
         print(f"error: variant {name} failed, so the report has no numbers for it: {error}", file=sys.stderr)
@@ -213,11 +230,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("recipe", help="recipe name (recipes/<name>) or folder")
     bench.add_argument("--steps", type=_positive_int, default=10, help="measured steps per variant")
     bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
-    bench.add_argument("--against", default="stock", help="comma-separated baselines: stock, stock_offload, fsdp2")
+    bench.add_argument("--against", default="stock",
+                       help="comma-separated baselines: stock, stock_offload, fsdp2 (as documented: checkpointing on, "
+                            "the recipe's micro batch) and stock_tuned, zero2_tuned, fsdp2_tuned (tuned by hand: "
+                            "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200)")
+    bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
+                       help="another recipe folder, run like ours under NAME (repeatable)")
+    bench.add_argument("--repeats", type=_positive_int, default=1,
+                       help="runs per config, interleaved; the report gives medians and each run")
+    bench.add_argument("--run-timeout", type=_positive_int, default=0, metavar="SECONDS",
+                       help="stop a run that takes longer (reported as failed, exit 124); default: no limit")
+    bench.add_argument("--resume", action="store_true",
+                       help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")
+    bench.add_argument("--suffix", default="",
+                       help="appended to the report's file name: <label>_<hardware>_<date>_<suffix>")
     bench.add_argument("--out", default="benchmarks", help="where the report, JSONL and PNG go")
     bench.add_argument("--work-dir", default="outputs/bench", help="where the runs write their outputs")
     bench.set_defaults(func=_bench)

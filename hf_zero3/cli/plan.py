@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="samples per optimizer step (default: micro batch x GPUs)")
     run.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     run.add_argument("--attention", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa")
+    run.add_argument("--liger", action="store_true",
+                     help="Liger kernels (use_liger_kernel: fused RMSNorm, SwiGLU and linear cross-entropy: no whole "
+                     "logits, smaller activations)")
     run.add_argument("--from-scratch", action="store_true",
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
@@ -188,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
         seq_len = args.seq_len or min(4096, shape.max_positions)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None)
+                        load_bytes=4 if args.from_scratch else None, liger=args.liger)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

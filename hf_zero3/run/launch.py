@@ -377,6 +377,8 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
             "--precision", precision, "--attention", attention]
     from_scratch = not values.get("model_name_or_path") or _flag(env, "FROM_CONFIG", [])
     argv += ["--from-scratch"] if from_scratch else []
+    liger = bool(get("use_liger_kernel"))
+    argv += ["--liger"] if liger else []
     argv += ["--gpu-mem", gpu_mem] if gpu_mem else []
     argv += ["--host-ram", env["HOST_RAM"]] if env.get("HOST_RAM", "").strip() else []
     print(f"plan      hf-zero3 plan {shlex.join(argv)}\n")
@@ -394,14 +396,16 @@ def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target
     fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
     spec = ZeroSpec(**{**fields, "precision": precision, "activation_checkpointing": bool(get("gradient_checkpointing"))})
     load_bytes = 4 if from_scratch else None
-    ours = plan(shape, hardware, Training(seq, micro, accum, attention, load_bytes), spec)
+    ours = plan(shape, hardware, Training(seq, micro, accum, attention, load_bytes, liger), spec)
     best = choose(shape, hardware, seq, global_batch=micro * accum * launch.world_size, micro_batch=micro,
-                  precision=precision, attention=attention, load_bytes=load_bytes).plan
+                  precision=precision, attention=attention, load_bytes=load_bytes, liger=liger).plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
     same = best is not None and best.label == ours.label
     print(f"\nrecipe    {recipe.name}: {ours.label}, micro batch {micro}: {gb(ours.gpu_bytes)} per GPU, "
           f"{gb(ours.host_bytes)} host RAM per node: {verdict}"
           + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
+    for note in ours.notes:
+        print(f"          {note}")
     return max(rc, 0 if ours.fits else 1)
 
 

@@ -77,6 +77,9 @@ class TrainingArguments(transformers.TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
                                           "overwritten). Without it such a dir is refused."})
+    save_final_model: bool = field(
+        default=True, metadata={"help": "Save the final model to output_dir after training. `hf-zero3 bench` turns "
+                                        "it off: its scratch runs measure steps, and an 8B save takes tens of seconds."})
     stop_after_nonfinite_steps: int = field(
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
@@ -548,6 +551,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     on_cpu = bool(values.get("use_cpu")) or not cuda_available()
     if on_cpu:
         values["use_cpu"] = True
+        if values.get("use_liger_kernel"):  # Liger's kernels are Triton GPU kernels; the same recipe runs on CPU
+            print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
+            values["use_liger_kernel"] = False
     check_inputs(values, device="cpu" if on_cpu else "cuda")
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
@@ -587,7 +593,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         _explain_oom(error, model.config, training_args, data_args.block_size)
         raise
     metrics = dict(result.metrics)
-    trainer.save_model()
+    if training_args.save_final_model:
+        trainer.save_model()
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
@@ -606,7 +613,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs})
         newest = newest_complete(out)
-        print(f"hf_zero3: final model: {out}", flush=True)
+        if training_args.save_final_model:
+            print(f"hf_zero3: final model: {out}", flush=True)
         if newest:
             print(f"hf_zero3: last checkpoint: {newest}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)

@@ -205,3 +205,17 @@ def test_bad_target_is_refused(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="NODESxGPUS"):
         Target.parse(text)
+
+
+def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
+    """`use_liger_kernel: true` (YAML or override) reaches the memory plan: no fp32 logits, smaller layers."""
+    argv = ["--target", "1x2x140GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "3"]
+    main([*argv, "--use_liger_kernel", "false"], {"DRY_RUN": "1"})
+    plain = capsys.readouterr().out
+    main([*argv, "--use_liger_kernel", "true"], {"DRY_RUN": "1"})
+    liger = capsys.readouterr().out
+    assert " --liger" not in plain and "--from-scratch --liger --gpu-mem 140GiB" not in plain
+    assert "--liger --gpu-mem 140GiB" in liger and "fused linear cross-entropy (Liger)" in liger
+    gpu = lambda out: float(out.split("recipe    8b: ")[1].split(" GB per GPU")[0].split(": ")[-1])
+    assert gpu(plain) - gpu(liger) > 30
