@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hf_zero3.cli.plan import parse_size  # the one size grammar
+from hf_zero3.argtypes import parse_size  # the one size grammar
 
 
 def add_arguments(verbs) -> None:

@@ -6,27 +6,16 @@ import argparse
 import json
 import sys
 
+from hf_zero3.argtypes import port, positive_int
+
 CHECK_GROUPS = ("versions", "native", "gpus", "ops", "nvme", "hosts", "allreduce")
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return int(text)
-
-
-def _port(text: str) -> int:
-    port = _positive_int(text)
-    if port > 65535:
-        raise argparse.ArgumentTypeError(f"must be a port 1..65535, got {text}")
-    return port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--hostfile", metavar="FILE", help="DeepSpeed hostfile (`host slots=N`): check SSH, code and "
         "versions on every host, and all-reduce over all their slots")
-    add("--ssh-port", type=_port, metavar="N", help="SSH port of the hosts, as DeepSpeed's --ssh_port "
+    add("--ssh-port", type=port, metavar="N", help="SSH port of the hosts, as DeepSpeed's --ssh_port "
         "(default: ssh's); further ssh options come from PDSH_SSH_ARGS_APPEND, as for DeepSpeed's "
         "pdsh runner")
     add("--config", metavar="FILE", help="the ds_config you will train with: decides the DeepSpeed ops "
@@ -34,13 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ops", action="append", default=[], metavar="NAME[,NAME]",
         help="also require these DeepSpeed ops (names as in `ds_report`)")
     add("--build-ops", action="store_true", help="really build/load each op (JIT, ~1-2 min each)")
-    add("--ranks", type=_positive_int, help="all-reduce ranks on this node "
+    add("--ranks", type=positive_int, help="all-reduce ranks on this node "
         "(default: one per visible GPU, 2 on CPU; with --hostfile: its slots)")
     add("--launcher", choices=["deepspeed", "torchrun"], default="deepspeed",
         help="launcher for the all-reduce, as for training (with --hostfile: deepspeed)")
     add("--nvme-path", action="append", default=[], metavar="DIR",
         help="check this NVMe offload directory (also taken from --config)")
-    add("--nvme-test-mb", type=_positive_int, default=256, metavar="MB",
+    add("--nvme-test-mb", type=positive_int, default=256, metavar="MB",
         help="size of the NVMe throughput test file")
     add("--matrix", action="append", default=[], metavar="REQ",
         help="override one package's supported range from setup.cfg, e.g. 'torch>=2.8,<2.14'")
@@ -51,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from hf_zero3.config.check import load_config
     from hf_zero3.ops import doctor
+    from hf_zero3.plan.hardware import default_ranks
 
     results: list[doctor.Result] = []
 
@@ -106,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     if "allreduce" not in skip:
         if hosts_ok:
             launcher = "deepspeed" if args.hostfile else args.launcher
-            emit(doctor.check_allreduce(ranks or doctor.default_ranks(), launcher, args.hostfile,
+            emit(doctor.check_allreduce(ranks or default_ranks(), launcher, args.hostfile,
                                         ssh_port=args.ssh_port))
         else:
             emit(doctor.Result("WARN", "allreduce", "not run: a host check above failed", "fix that first"))

@@ -7,16 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _int_or_auto(text: str):
-    return "auto" if text == "auto" else _positive_int(text)
+from hf_zero3.argtypes import int_or_auto, positive_int
 
 
 def _config_new(args: argparse.Namespace) -> int:
@@ -114,8 +105,8 @@ def _configs(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, run_bench, tuned_accumulation
+    from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.recipes import RecipeError, get
-    from hf_zero3.run.distributed import cuda_available
     from hf_zero3.run.train import load_arguments
 
     try:
@@ -148,7 +139,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not (values.get("model_name_or_path") or values.get("config_name")):
         print("error: no model: set model_name_or_path or config_name in the recipe or after --", file=sys.stderr)
         return 2
-    gpus = args.gpus or (_gpu_count() if cuda_available() else 2)
+    gpus = args.gpus or default_ranks()
     global_batch = values.get("per_device_train_batch_size", 8) * values.get("gradient_accumulation_steps", 1) * gpus
     try:
         for name in against:
@@ -176,12 +167,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
 def build_parser() -> argparse.ArgumentParser:
     from hf_zero3.config.presets import STANDALONE_CONFIGS
 
@@ -193,18 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     new = config.add_parser("new", help="print a ds_config built from options")
     new.add_argument("--like", metavar="FILE", help="start from an existing ds_config (kept intent, fixed errors)")
     new.add_argument("--preset", choices=sorted(STANDALONE_CONFIGS), help="start from a named config")
-    new.add_argument("--world-size", type=_positive_int, help="with --like: make the implied micro batch explicit")
+    new.add_argument("--world-size", type=positive_int, help="with --like: make the implied micro batch explicit")
     new.add_argument("--stage", type=int, choices=[0, 1, 2, 3])
     new.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"])
     new.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
     new.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
     new.add_argument("--nvme-path", help="directory on a local NVMe mount (for nvme offload)")
-    new.add_argument("--micro-batch", dest="micro_batch_size", type=_int_or_auto)
-    new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=_int_or_auto)
-    new.add_argument("--global-batch", dest="global_batch_size", type=_int_or_auto)
+    new.add_argument("--micro-batch", dest="micro_batch_size", type=int_or_auto)
+    new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int_or_auto)
+    new.add_argument("--global-batch", dest="global_batch_size", type=int_or_auto)
     new.add_argument("--gradient-clipping", type=float)
-    new.add_argument("--sub-group-size", type=_positive_int)
-    new.add_argument("--reduce-bucket-size", type=_int_or_auto)
+    new.add_argument("--sub-group-size", type=positive_int)
+    new.add_argument("--reduce-bucket-size", type=int_or_auto)
     for flag in ("activation-checkpointing", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
                  "gather-16bit-weights"):
         new.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
@@ -213,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = config.add_parser("check", help="validate a ds_config; every finding names its fix")
     check.add_argument("file")
-    check.add_argument("--world-size", type=_positive_int)
-    check.add_argument("--micro-batch", type=_positive_int)
-    check.add_argument("--grad-accum", type=_positive_int)
+    check.add_argument("--world-size", type=positive_int)
+    check.add_argument("--micro-batch", type=positive_int)
+    check.add_argument("--grad-accum", type=positive_int)
     check.add_argument("--device", choices=["auto", "cpu", "cuda", "any"], default="auto",
                        help="device the config will run on (auto: cuda if this machine has one, else skip device checks)")
     check.set_defaults(func=_config_check)
@@ -228,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = verbs.add_parser("bench", help="benchmark a recipe against stock ZeRO-3 / FSDP2, side by side",
                              epilog="Train overrides for every variant go after --, e.g. -- --block_size 2048")
     bench.add_argument("recipe", help="recipe name (recipes/<name>) or folder")
-    bench.add_argument("--steps", type=_positive_int, default=10, help="measured steps per variant")
+    bench.add_argument("--steps", type=positive_int, default=10, help="measured steps per variant")
     bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
     bench.add_argument("--against", default="stock",
                        help="comma-separated baselines: stock, stock_offload, fsdp2 (as documented: checkpointing on, "
@@ -236,13 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200)")
     bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
                        help="another recipe folder, run like ours under NAME (repeatable)")
-    bench.add_argument("--repeats", type=_positive_int, default=1,
+    bench.add_argument("--repeats", type=positive_int, default=1,
                        help="runs per config, interleaved; the report gives medians and each run")
-    bench.add_argument("--run-timeout", type=_positive_int, default=0, metavar="SECONDS",
+    bench.add_argument("--run-timeout", type=positive_int, default=0, metavar="SECONDS",
                        help="stop a run that takes longer (reported as failed, exit 124); default: no limit")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
-    bench.add_argument("--gpus", type=_positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
+    bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")

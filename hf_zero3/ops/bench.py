@@ -190,19 +190,12 @@ def hardware_label() -> tuple[str, str]:
 
 
 def versions() -> dict[str, str]:
-    import accelerate
-    import deepspeed
+    """What the report records: package versions from metadata, CUDA and the driver when there is a GPU."""
     import torch
-    import transformers
 
-    found = {"python": platform.python_version(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-             "transformers": transformers.__version__, "accelerate": accelerate.__version__}
-    try:  # optional: what `use_liger_kernel` runs
-        from importlib.metadata import version
+    from hf_zero3.plan.hardware import versions as package_versions
 
-        found["liger-kernel"] = version("liger-kernel")
-    except ImportError:
-        pass
+    found = package_versions()
     if torch.cuda.is_available():
         found["cuda"] = torch.version.cuda or "?"
         try:

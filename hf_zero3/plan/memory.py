@@ -10,8 +10,6 @@ an OOM. Every term, its formula and where it differs from DeepSpeed's estimator:
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -557,89 +555,3 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
         parts.append(f"--per_device_train_batch_size {nxt.training.micro_batch} "
                      f"--gradient_accumulation_steps {nxt.training.grad_accum} (same global batch)")
     return "; ".join(parts)
-
-
-def oom_kind(error: BaseException) -> str | None:
-    """"cuda" for a CUDA OOM, "host" for a failed host allocation, None otherwise (for train.py's except)."""
-    import torch
-
-    text = str(error)
-    if isinstance(error, torch.OutOfMemoryError) or "CUDA out of memory" in text:
-        return "cuda"
-    if isinstance(error, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in text or (
-            "pin" in text and "out of memory" in text):
-        return "host"
-    return None
-
-
-def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False) -> str:
-    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size."""
-    from hf_zero3.config.convert import spec_from_ds_config
-    from hf_zero3.plan.shapes import shape_from_config
-
-    ds = training_args.hf_deepspeed_config.config if getattr(training_args, "hf_deepspeed_config", None) else None
-    fields = spec_from_ds_config(ds)[0].model_dump(exclude_unset=True) if ds else {"stage": 0}
-    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
-    spec = ZeroSpec(**{**fields, "precision": precision,
-                       "activation_checkpointing": bool(training_args.gradient_checkpointing)})
-    world = int(os.environ.get("WORLD_SIZE", training_args.world_size))
-    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")  # torchrun / deepspeed launcher
-    local = int(local) if local else min(world, max(1, _cuda_count()))
-    hardware = detect_hardware(nodes=max(1, world // local), gpus_per_node=local, host_ram=host_ram_bytes())
-    attention = getattr(model_config, "_attn_implementation", None) or "sdpa"
-    training = Training(seq_len, training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
-                        attention if attention in ("sdpa", "flash_attention_2", "eager") else "sdpa",
-                        liger=bool(getattr(training_args, "use_liger_kernel", False)))
-    path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
-    return oom_advice(shape_from_config(model_config), hardware, training, spec, host=host, ds_config_path=path)
-
-
-# --- this machine ---------------------------------------------------------------------------------
-
-def _cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def host_ram_bytes() -> int:
-    """Physical RAM of this machine."""
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def detect_hardware(nodes: int | None = None, gpus_per_node: int | None = None, gpu_mem: int | None = None,
-                    host_ram: int | None = None, nvme_path: str | None = None,
-                    nvme_free: int | None = None) -> Hardware:
-    """Hardware from the given values, the rest read from this machine (and listed in `detected`).
-
-    Host RAM is read from this machine only when the GPUs are too: planning for other GPUs (--gpus or
-    --gpu-mem given) with this laptop's RAM would reject every offload option for the wrong reason, so
-    there it stays unknown (None) and the plan reports what it needs instead.
-    """
-    detected = []
-    elsewhere = gpus_per_node is not None or gpu_mem is not None
-    if gpus_per_node is None or gpu_mem is None:
-        count = _cuda_count()
-        if count == 0:
-            raise PlanError("no GPU found on this machine: pass --gpus N and --gpu-mem SIZE (e.g. --gpus 8 "
-                            "--gpu-mem 80GB) for the GPUs you plan for")
-        if gpus_per_node is None:
-            gpus_per_node = count
-            detected.append("gpus_per_node")
-        if gpu_mem is None:
-            import torch
-
-            gpu_mem = torch.cuda.get_device_properties(0).total_memory
-            detected.append("gpu_mem")
-    if host_ram is None and not elsewhere:
-        host_ram = host_ram_bytes()
-        detected.append("host_ram")
-    if nvme_path and nvme_free is None:
-        if not os.path.isdir(nvme_path):
-            raise PlanError(f"NVMe path {nvme_path} is not a directory: create it on the NVMe mount, or pass "
-                            "--nvme-free SIZE to plan for another machine")
-        nvme_free = shutil.disk_usage(nvme_path).free
-        detected.append("nvme_free")
-    return Hardware(nodes or 1, gpus_per_node, gpu_mem, host_ram, nvme_path, nvme_free or 0, tuple(detected))

@@ -34,6 +34,7 @@ from hf_zero3.run.distributed import (
     prepare_process_group,
     process_group_released,
 )
+from hf_zero3.run.facts import RunFacts
 
 
 class UsageError(ValueError):
@@ -499,16 +500,14 @@ def _banner(trainer) -> str:
     args = trainer.args
     ds = args.hf_deepspeed_config.config if args.deepspeed else None
     stage = ds.get("zero_optimization", {}).get("stage", 0) if ds else "off (no deepspeed config)"
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-    return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | micro batch "
-            f"{args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps} x "
-            f"{args.world_size} ranks = global batch {global_batch} | {precision} | device {args.device}")
+    facts = RunFacts.from_args(args, seq_len=0)
+    return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | {facts.describe(args.world_size)} | "
+            f"{facts.precision} | device {args.device}")
 
 
 def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
-    from hf_zero3.plan.memory import oom_advice_for_run, oom_kind
+    from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
 
     kind = oom_kind(error)
     if kind is None:

@@ -15,19 +15,19 @@ from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 from hf_zero3.plan import memory as planner
+from hf_zero3.plan import oom
 from hf_zero3.plan.memory import (
     GB,
     Hardware,
     PlanError,
     Training,
     choose,
-    detect_hardware,
     layer_activation_bytes,
     oom_advice,
-    oom_advice_for_run,
-    oom_kind,
     plan,
 )
+from hf_zero3.plan.hardware import detect_hardware
+from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
 from hf_zero3.plan.shapes import load_shape
 
 S7, S70 = load_shape("7b"), load_shape("70b")
@@ -357,7 +357,7 @@ def test_oom_advice_for_run_reads_what_train_py_holds(monkeypatch):
         seen.update(kwargs)
         return _gpus(kwargs["nodes"], kwargs["gpus_per_node"])
 
-    monkeypatch.setattr(planner, "detect_hardware", fake_detect)
+    monkeypatch.setattr(oom, "detect_hardware", fake_detect)
     advice = oom_advice_for_run(config, args, 4096)
     assert (seen["nodes"], seen["gpus_per_node"]) == (1, 8)
     assert advice.endswith("--gradient_checkpointing true")

@@ -147,7 +147,7 @@ def test_slurm_script_parses():
 
 def _plans(recipe: Path):
     """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory."""
-    from hf_zero3.cli.plan import parse_size
+    from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.memory import Hardware, Training, choose, plan
     from hf_zero3.plan.shapes import load_shape
