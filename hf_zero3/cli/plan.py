@@ -17,6 +17,8 @@ from hf_zero3.argtypes import parse_size, positive_int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` verb's options."""
+    from hf_zero3.plan.memory import ATTENTIONS
+
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="named shape (tiny, 7b, 13b, 70b, 8b), recipe name, config folder or hub id")
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--global-batch", type=positive_int,
                      help="samples per optimizer step (default: micro batch x GPUs)")
     run.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    run.add_argument("--attention", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa")
+    run.add_argument("--attention", choices=ATTENTIONS, default="sdpa")
     run.add_argument("--liger", action="store_true",
                      help="Liger kernels (use_liger_kernel: fused RMSNorm, SwiGLU and linear cross-entropy: no whole "
                      "logits, smaller activations)")

@@ -180,10 +180,12 @@ def hardware_label() -> tuple[str, str]:
     """(short label for file names, long description) of this machine."""
     import torch
 
+    from hf_zero3.plan.hardware import gpu_count
+
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         short = name.replace("NVIDIA ", "").split()[0]
-        count = torch.cuda.device_count()
+        count = gpu_count()
         mem = torch.cuda.get_device_properties(0).total_memory / 1024**3
         return f"{count}x{short}", f"{count} x {name} ({mem:.0f} GiB), {os.cpu_count()} CPU cores"
     return f"cpu{os.cpu_count()}", f"CPU only: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"

@@ -41,6 +41,8 @@ LOGITS_BYTES_PER_VOCAB = 12
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
 
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
+ATTENTIONS: tuple[str, ...] = Attention.__args__
+"""The attention kernels the planner models (sdpa and flash keep O(seq) per head, eager the seq x seq scores)."""
 
 
 class PlanError(ValueError):
@@ -102,7 +104,7 @@ class Training:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.load_bytes not in (None, 2, 4):
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
-        if self.attention not in ("sdpa", "flash_attention_2", "eager"):
+        if self.attention not in ATTENTIONS:
             raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
 
     @property

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
-"""The attention kernels the planner models; anything else (None, flex, a custom kernel) is planned as sdpa."""
 
 
 def planned_attention(name: str | None) -> str:
-    """The planner's attention for a model's `attn_implementation`: sdpa and flash keep O(seq) per head."""
+    """The planner's attention for a model's `attn_implementation`: anything it does not model (None, flex, a
+    custom kernel) is planned as sdpa."""
+    from hf_zero3.plan.memory import ATTENTIONS
+
     return name if name in ATTENTIONS else "sdpa"
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from hf_zero3.cli import main
 from hf_zero3.argtypes import parse_size
+from hf_zero3.cli import main
 from hf_zero3.config.check import check_ds_config, has_errors
 
 SEED = ["plan", "--model", "70b", "--nodes", "1", "--gpus", "8", "--gpu-mem", "40GB"]
