@@ -35,7 +35,8 @@ def test_every_package_folder_is_in_the_doc():
 
 
 @pytest.mark.parametrize("pattern, owner, fact", [
-    (r"per_device_train_batch_size\s*\*|\*\s*\w*\.?gradient_accumulation_steps", "hf_zero3/run/facts.py",
+    (r"per_device_train_batch_size[^\n]*\*[^\n]*gradient_accumulation_steps|"
+     r"gradient_accumulation_steps[^\n]*\*[^\n]*per_device_train_batch_size", "hf_zero3/run/facts.py",
      "the global batch"),
     (r"\"bf16\" if [^\n]*\bbf16\b[^\n]*else \"fp16\"", "hf_zero3/run/facts.py", "the run's precision"),
     (r"\"sdpa\", \"flash_attention_2\", \"eager\"", "hf_zero3/plan/memory.py", "the planned attention kernels"),
