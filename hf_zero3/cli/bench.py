@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -93,6 +94,8 @@ def _bench(args: argparse.Namespace) -> int:
                               overrides=values.get("config_overrides"))
     model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
              f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
+    # SIGTERM (`timeout`, a scheduler) becomes SystemExit: run_bench's `finally` stops the run in flight
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
                                out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
                                breakdown=args.breakdown, model_label=label, model=model,

@@ -335,8 +335,6 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
     (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
     """
-    import signal
-
     from hf_zero3.run.distributed import cuda_available, free_port
 
     on_gpu = cuda_available()
@@ -353,7 +351,6 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
             "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
             "configs": {}}
     report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends the bench: stop the run in flight too
     total = repeats * len(variants)
     for index in range(total):
         repeat, variant = index // len(variants) + 1, variants[index % len(variants)]
