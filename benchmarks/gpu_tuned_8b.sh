@@ -2,7 +2,7 @@
 # The same-lease comparison behind benchmarks/llama3-8b_2xH200_<date>_tuned.md (issue 13), run from the repository
 # root on a 2-GPU box: a Llama-3-8B-shaped model with random weights (no download), sequence 4096, bf16, global
 # batch 12 x 4096 tokens for every config, 3 runs of each, interleaved:
-#   ours         candidate recipe 8b v2: the recipe's ZeRO-3 config + Liger, micro 3 x accumulation 2
+#   ours         recipe 8b v2 (written again from v1 or v2: the recipe's ZeRO-3 config + Liger, micro 3 x 2)
 #   zero2_liger  candidate: ds_configs/zero2.json (the generator's ZeRO-2) + Liger, micro 2 x accumulation 3
 #   stock_tuned, zero2_tuned, fsdp2_tuned   stock HF by hand (hf_zero3/bench.py: TUNED_MICRO_BATCH)
 # Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
@@ -40,8 +40,10 @@ for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
     text = (folder / "train_args.yaml").read_text()
     text, n1 = re.subn(r"(?m)^per_device_train_batch_size: \d+$", f"per_device_train_batch_size: {micro}", text)
     text, n2 = re.subn(r"(?m)^gradient_accumulation_steps: \d+$", f"gradient_accumulation_steps: {accum}", text)
-    text, n3 = re.subn(r"(?m)^gradient_checkpointing: false$", "gradient_checkpointing: false\nuse_liger_kernel: true",
-                       text)
+    text, n3 = re.subn(r"(?m)^use_liger_kernel: \w+$", "use_liger_kernel: true", text)
+    if not n3:
+        text, n3 = re.subn(r"(?m)^gradient_checkpointing: false$", "gradient_checkpointing: false\nuse_liger_kernel: true",
+                           text)
     assert (n1, n2, n3) == (1, 1, 1), (name, n1, n2, n3)
     (folder / "train_args.yaml").write_text(text)
 PY
