@@ -41,6 +41,13 @@ BENCH_CASES = [
     ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096, _spec({}, activation_checkpointing=True),
      "ZeRO-3 + checkpointing (stock template)"),
     ("llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({"stage": 2}), "ZeRO-2"),
+    # Issue 13's lease (global batch 12): recipe 8b v2 and the hand-tuned stock baselines (hf_zero3/bench.py).
+    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "ours", H200X2, Training(4096, 3, 2, liger=True), _spec(RECIPE_8B),
+     "ZeRO-3 + Liger, micro 3 (recipe 8b v2)"),
+    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "stock_tuned", H200X2, Training(4096, 2, 3), _spec({}),
+     "ZeRO-3, micro 2 (stock template)"),
+    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "zero2_tuned", H200X2, Training(4096, 1, 6), _spec({"stage": 2}),
+     "ZeRO-2, micro 1 (stock template)"),
 ]
 PROBE_CASES = [
     # (probe variant, training, spec, what ran): benchmarks/gpu_memory_probe.sh

@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +131,50 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(folder / "model.safetensors")
+
+
+SHAPES = OrderedDict([("model.embed_tokens.weight", (8, 4)), ("lm_head.weight", (8, 4))])
+
+
+def master_weights(step: int) -> dict[str, torch.Tensor]:
+    """The fp32 master weights a checkpoint of `make_checkpoint` holds (distinct per parameter and step)."""
+    return {name: torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) / 8 + i + step
+            for i, (name, shape) in enumerate(SHAPES.items())}
+
+
+def make_checkpoint(root: Path, step: int, world_size: int = 2, marked: bool = True, weights: dict | None = None,
+                    loss: float = 3.0) -> Path:
+    """A checkpoint-N folder with every file a 2-rank ZeRO-3 save writes (tiny contents), in DeepSpeed's
+    layout: each rank's optimizer states hold its partition of `master_weights(step)` (padded flat group), so
+    `zero_to_fp32` (and `hf-zero3 export`) rebuild them."""
+    folder = root / f"checkpoint-{step}"
+    tag = folder / f"global_step{step}"
+    tag.mkdir(parents=True)
+    (folder / "latest").write_text(tag.name)
+    masters = master_weights(step)
+    parts = [(numel := -(-w.numel() // world_size), torch.nn.functional.pad(w.flatten(), (0, numel * world_size
+                                                                                          - w.numel())))
+             for w in masters.values()]
+    for rank in range(world_size):
+        states = {"param_shapes": [OrderedDict((k, torch.Size(v)) for k, v in SHAPES.items())],
+                  "dp_world_size": world_size, "shared_params": {}, "frozen_param_shapes": None,
+                  "buffer_names": [], "module": {}, "ds_version": "0.19.8",
+                  "ds_config": {"zero_optimization": {"stage": 3,
+                                                      "stage3_gather_16bit_weights_on_model_save": True}}}
+        torch.save(states, tag / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+        flat = torch.cat([padded[rank * numel:(rank + 1) * numel] for numel, padded in parts])
+        optim = {"optimizer_state_dict": {"zero_stage": 3, "partition_count": world_size,
+                                          "fp32_flat_groups": [flat]}}
+        torch.save(optim, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        torch.save({"cpu": torch.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    history = [{"step": step, "loss": loss}]
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+    tensors = weights if weights is not None else masters
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    if marked:
+        ckpt.write_marker(folder, {"world_size": world_size})
+    return folder
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ class CheckpointGuardCallback(TrainerCallback):
     def __init__(self, save_total_limit: int | None = None, space_margin: float = 1.05):
         self.save_total_limit = save_total_limit
         self.space_margin = space_margin
-        self._started = (time.time(), 0)
+        self._first_step = 0  # of this run (a resumed run starts later): the throughput it measured
         self._saving: Path | None = None  # the checkpoint being written, between on_step_end and on_save
         self._previous_hook = None
 
@@ -57,7 +57,7 @@ class CheckpointGuardCallback(TrainerCallback):
             raise ckpt.CheckpointError(
                 f"this run would save into folders that are not its to overwrite: {sorted(set(collisions))}. Nothing "
                 "was written; move them out of output_dir and run again")
-        self._started = (time.time(), state.global_step)
+        self._first_step = state.global_step
         self._previous_hook = sys.excepthook
         sys.excepthook = lambda *exc: self._explain_failed_save(args, *exc)
 
@@ -139,7 +139,7 @@ class CheckpointGuardCallback(TrainerCallback):
         self._saving = None
         if not state.is_world_process_zero:
             return
-        ckpt.write_marker(folder, _provenance(args, state, self._started),
+        ckpt.write_marker(folder, _provenance(args, state, self._first_step),
                           hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
             print(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)", flush=True)
@@ -165,15 +165,14 @@ def _recipe(args) -> dict:
     return {"name": recipe.name, "version": recipe.version} if recipe else {}
 
 
-def _provenance(args, state, started) -> dict:
+def _provenance(args, state, first_step: int) -> dict:
     """What wrote this checkpoint: for resume checks (world size) and for the model card."""
     import json
 
     from hf_zero3 import __version__
 
-    seconds, first_step = time.time() - started[0], started[1]
-    steps = state.global_step - first_step
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    # ThroughputCallback's figures (eval and save time excluded), not a second timer of our own
+    timed = [r for r in state.log_history if "samples_per_s" in r and "step_time_s" in r and r["step"] > first_step]
     losses = [r["loss"] for r in state.log_history if "loss" in r]
     return {
         "world_size": args.world_size,
@@ -183,8 +182,9 @@ def _provenance(args, state, started) -> dict:
         "hardware": _hardware(args),
         "recipe": _recipe(args),
         "loss": losses[-1] if losses else None,
-        "throughput": {"steps_per_second": steps / seconds, "samples_per_second": steps * global_batch / seconds,
-                       "measured_over_steps": steps} if steps > 0 and seconds > 0 else None,
+        "throughput": {"samples_per_second": sum(r["samples_per_s"] for r in timed) / len(timed),
+                       "steps_per_second": len(timed) / sum(r["step_time_s"] for r in timed),
+                       "measured_over_steps": state.global_step - first_step} if timed else None,
         "ds_config": args.hf_deepspeed_config.config if args.deepspeed else None,
         "training_args": json.loads(args.to_json_string()),  # to_dict masks every *_token field
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3.checkpoint.hub import check_repo_id
-from hf_zero3.checkpoint.lifecycle import CheckpointError, is_complete
+from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir, is_complete
 
 STAGING_PREFIX = ".hub-export-"
 """Staging folders in output_dir: `.hub-export-XXXX/source/RUN/checkpoint-N` (the hard-link snapshot) and
@@ -98,11 +98,11 @@ class HubPushCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save and state.is_world_process_zero:
-            self._before_save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            self._before_save(checkpoint_dir(args.output_dir, state.global_step))
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if control.should_save and state.is_world_process_zero:
-            self._before_save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            self._before_save(checkpoint_dir(args.output_dir, state.global_step))
 
     def _before_save(self, folder: Path) -> None:
         """A save into a folder we hold a snapshot of would rewrite the linked files in place (torch.save opens
@@ -116,7 +116,7 @@ class HubPushCallback(TrainerCallback):
             self._worker.join()
 
     def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = checkpoint_dir(args.output_dir, state.global_step)
         if not state.is_world_process_zero:
             return
         if not is_complete(folder):

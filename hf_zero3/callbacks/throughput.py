@@ -7,6 +7,7 @@ import time
 from transformers import TrainerCallback
 
 from hf_zero3.callbacks._gather import merge_into_logs
+from hf_zero3.run.facts import global_batch_of
 
 PEAK_TFLOPS = {
     # Dense bf16/fp16 tensor-core peak per GPU (vendor datasheets, without sparsity), matched by name.
@@ -84,8 +85,7 @@ class ThroughputCallback(TrainerCallback):
     def _tokens(self, args, state) -> int:
         if args.include_num_input_tokens_seen not in ("no", False, None):
             return state.num_input_tokens_seen
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-        return state.global_step * per_step * self.seq_len
+        return state.global_step * global_batch_of(args) * self.seq_len
 
     def _mark(self, args, state) -> None:
         self._last_time, self._last_step, self._last_tokens = time.perf_counter(), state.global_step, \

@@ -53,7 +53,7 @@ def shard_bytes(size: str | int) -> int:
     """Bytes per safetensors shard: an int, or text in the planner's size grammar (5GB, 500MB, 1GiB, 512G)."""
     from argparse import ArgumentTypeError
 
-    from hf_zero3.cli.plan import parse_size
+    from hf_zero3.argtypes import parse_size
 
     try:
         value = parse_size(size) if isinstance(size, str) else int(size)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hf_zero3.cli.plan import parse_size  # the one size grammar
-from hf_zero3.cli.types import positive_int
+from hf_zero3.argtypes import parse_size, positive_int  # the one size grammar
 
 
 def add_arguments(verbs) -> None:

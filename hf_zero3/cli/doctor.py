@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hf_zero3.cli.types import port, positive_int
+from hf_zero3.argtypes import port, positive_int
 
 CHECK_GROUPS = ("versions", "native", "gpus", "ops", "nvme", "hosts", "allreduce")
 
@@ -42,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
 
     from hf_zero3.config.check import load_config
     from hf_zero3.ops import doctor
+    from hf_zero3.plan.hardware import default_ranks
 
     results: list[doctor.Result] = []
 
@@ -103,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     if "allreduce" not in skip:
         if hosts_ok:
             launcher = "deepspeed" if args.hostfile else args.launcher
-            emit(doctor.check_allreduce(ranks or doctor.default_ranks(), launcher, args.hostfile,
+            emit(doctor.check_allreduce(ranks or default_ranks(), launcher, args.hostfile,
                                         ssh_port=args.ssh_port))
         else:
             emit(doctor.Result("WARN", "allreduce", "not run: a host check above failed", "fix that first"))

@@ -9,28 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
-from hf_zero3.cli.types import output_file, positive_int
-
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '40GB' (decimal), '80GiB' (binary) or '512G' (binary, as in `free -g` and Slurm)."""
-    match = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(ib|b)?", text.strip().lower())
-    if not match or (not match.group(2) and match.group(3) != "b"):
-        raise argparse.ArgumentTypeError(
-            f"bad size {text!r}: give a number with a unit, e.g. 40GB (10^9 bytes), 80GiB or 512G (2^30 bytes)")
-    number, prefix, suffix = float(match.group(1)), match.group(2), match.group(3)
-    base = 1000 if suffix == "b" else 1024
-    return int(number * base ** _UNITS[prefix])
+from hf_zero3.argtypes import output_file, parse_size, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` verb's options."""
+    from hf_zero3.plan.memory import ATTENTIONS
+
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="named shape (tiny, 7b, 13b, 70b, 8b), recipe name, config folder or hub id")
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
@@ -41,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--global-batch", type=positive_int,
                      help="samples per optimizer step (default: micro batch x GPUs)")
     run.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    run.add_argument("--attention", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa")
+    run.add_argument("--attention", choices=ATTENTIONS, default="sdpa")
+    run.add_argument("--liger", action="store_true",
+                     help="Liger kernels (use_liger_kernel: fused RMSNorm, SwiGLU and linear cross-entropy: no whole "
+                     "logits, smaller activations)")
     run.add_argument("--from-scratch", action="store_true",
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
@@ -71,104 +62,12 @@ def _shape(args: argparse.Namespace):
     return ModelShape("custom", **{"kv_heads": sizes["heads"], **sizes})
 
 
-def _rows(choice) -> list:
-    """One row per option (stage, offload, checkpointing): its largest fitting micro batch, else its smallest."""
-    rows: dict = {}
-    for p in choice.tried:  # cheapest first, so within an option the largest micro batch comes first
-        spec = p.spec
-        key = (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.activation_checkpointing)
-        if key not in rows or not rows[key].fits:
-            rows[key] = p
-    return list(rows.values())
-
-
-PHASE_TAGS = {"always": "", "backward": " [backward]", "step": " [optimizer step]"}
-"""GPU terms of one phase never coexist with the other's: the total counts the larger phase only."""
-
-
-def _terms_json(plan) -> dict:
-    return {where: [{"name": t.name, "bytes": t.bytes, "formula": t.formula, "kind": t.kind,
-                     **({"allocator": t.allocator, "phase": t.phase} if where == "gpu" else {})} for t in terms]
-            for where, terms in plan.breakdown.items()}
-
-
-def _plan_json(p) -> dict:
-    return {"option": p.label, "stage": p.spec.stage, "offload_optimizer": p.spec.offload_optimizer.device,
-            "offload_param": p.spec.offload_param.device, "checkpointing": p.spec.activation_checkpointing,
-            "micro_batch": p.training.micro_batch, "grad_accum": p.training.grad_accum,
-            "gpu_bytes": p.gpu_bytes, "gpu_allocated_bytes": p.gpu_allocated_bytes, "host_bytes": p.host_bytes,
-            "nvme_bytes": p.nvme_bytes, "fits": p.fits, "problems": p.problems(), "notes": list(p.notes)}
-
-
-def _shown(choice):
-    """The plan whose breakdown is shown: the choice, else the first that fits the GPUs, else the most frugal."""
-    return choice.plan or next((p for p in choice.tried if p.fits_gpu), None) or min(
-        choice.tried, key=lambda p: p.gpu_bytes)
-
-
-def _print_tables(shape, hardware, seq_len, choice, out) -> None:
-    from hf_zero3.plan.memory import gb
-
-    detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
-    host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
-    nvme = f"{gb(hardware.nvme_free)} free at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
-    out(f"model     {shape.name}: {shape.params / 1e9:.2f}B params (L{shape.layers} H{shape.hidden} ffn{shape.ffn} "
-        f"heads{shape.heads} kv{shape.kv_heads} vocab{shape.vocab}), seq {seq_len}")
-    out(f"hardware  {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs x {gb(hardware.gpu_mem)}; host RAM "
-        f"{host}; NVMe {nvme}{detected}")
-    out("")
-    out(f"{'option, cheapest first':68} {'micro x acc':>11} {'per GPU':>10} {'host/node':>12} {'NVMe/node':>10}"
-        "  fits")
-    for p in _rows(choice):
-        fits = "yes" if p.fits else "no: " + ", ".join(x.split(" needs")[0] for x in p.problems())
-        out(f"{p.label:68} {p.training.micro_batch:>5} x {p.training.grad_accum:<4}{gb(p.gpu_bytes):>10} "
-            f"{gb(p.host_bytes):>12} {gb(p.nvme_bytes):>10}  {fits}")
-    out("")
-    shown = _shown(choice)
-    if choice.fits:
-        t = shown.training
-        out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x "
-            f"{hardware.world_size} GPUs = global batch {t.micro_batch * t.grad_accum * hardware.world_size}")
-        if hardware.host_ram is None:
-            out(f"          needs {gb(shown.host_bytes)} host RAM per node (not checked: pass --host-ram)")
-    else:
-        out(f"result    {choice.advice}")
-        out(f"closest   {shown.label} (micro batch {shown.training.micro_batch}): " + "; ".join(shown.problems()))
-    for note in shown.notes:
-        out(f"note      {note}")
-    if "gpu_mem" not in hardware.detected and hardware.gpu_mem % 10**9 == 0:
-        size = hardware.gpu_mem // 10**9
-        out(f"note      {size}GB is {size} x 10^9 bytes; a GPU sold as {size}GB has about {size} GiB "
-            f"({size * 2**30 / 1e9:.1f} GB, what torch reports): pass --gpu-mem {size}GiB to plan for all of it")
-    limits = {"gpu": ("per GPU", hardware.gpu_mem), "host": ("host RAM per node", hardware.host_ram),
-              "nvme": ("NVMe per node", hardware.nvme_free)}
-    for where, terms in shown.breakdown.items():
-        if not any(t.bytes for t in terms):
-            continue
-        title, limit = limits[where]
-        out("")
-        out(f"{title + (f' (of {gb(limit)})' if limit else ''):54} {'GB':>9}  formula")
-        for term in terms:
-            name = term.name + PHASE_TAGS[term.phase] if where == "gpu" else term.name
-            out(f"  {name:52} {term.bytes / 1e9:9.2f}  {term.formula}")
-        extra = ""
-        if where == "gpu":
-            extra = (f"  held throughout + the {PHASE_TAGS[shown.peak_phase].strip()} terms (the larger phase); "
-                     f"torch.cuda.max_memory_allocated predicted: {gb(shown.gpu_allocated_bytes)}")
-        out(f"  {'total':52} {shown.total(where) / 1e9:9.2f}{extra}")
-
-
-def _shell(value) -> str:
-    """A TrainingArguments value as typed on a command line."""
-    if isinstance(value, dict):
-        return "'" + json.dumps(value) + "'"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     from hf_zero3.config.presets import render
-    from hf_zero3.plan.memory import PlanError, choose, detect_hardware
+    from hf_zero3.plan.hardware import detect_hardware
+    from hf_zero3.plan.memory import PlanError, choose
+    from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json
     from hf_zero3.plan.shapes import ModelError
 
     try:
@@ -178,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         seq_len = args.seq_len or min(4096, shape.max_positions)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None)
+                        load_bytes=4 if args.from_scratch else None, liger=args.liger)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -190,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     if args.json:
-        shown = _shown(choice)
+        shown = shown_plan(choice)
         print(json.dumps({
             "model": {"name": shape.name, "params": shape.params, "layers": shape.layers, "hidden": shape.hidden,
                       "ffn": shape.ffn, "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab},
@@ -200,21 +99,17 @@ def main(args: argparse.Namespace) -> int:
                          "nvme_path": hardware.nvme_path, "nvme_free": hardware.nvme_free,
                          "detected": list(hardware.detected)},
             "fits": choice.fits,
-            "choice": _plan_json(choice.plan) if choice.fits else None,
+            "choice": plan_json(choice.plan) if choice.fits else None,
             "ds_config": choice.ds_config if choice.fits else None,
             "training_args": choice.training_args if choice.fits else None,
             "advice": choice.advice,
-            "breakdown_of": _plan_json(shown),
-            "breakdown": _terms_json(shown),
-            "options": [_plan_json(p) for p in _rows(choice)],
+            "breakdown_of": plan_json(shown),
+            "breakdown": terms_json(shown),
+            "options": [plan_json(p) for p in rows(choice)],
         }, indent=2))
     else:
-        _print_tables(shape, hardware, seq_len, choice, print)
+        print_choice(shape, hardware, seq_len, choice)
         if choice.fits:
-            print()
-            print("TrainingArguments: " + " ".join(
-                f"--{k} {_shell(v)}"
-                for k, v in choice.training_args.items()))
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")
     if args.write_config and not choice.fits:

@@ -57,7 +57,7 @@ OFFLOADED_OPTIMIZER_BLOCK = {
 def build_ds_config(spec: ZeroSpec) -> dict[str, Any]:
     """Turn a validated spec into a DeepSpeed config dict (pure: same spec, same dict)."""
     config: dict[str, Any] = {}
-    config.update(_precision(spec))
+    config.update(_precision_blocks(spec))
     if spec.offload_optimizer.device != "none":
         config["optimizer"] = copy.deepcopy(OFFLOADED_OPTIMIZER_BLOCK)
     config["zero_optimization"] = _zero(spec)
@@ -94,7 +94,7 @@ def training_args_overrides(spec: ZeroSpec) -> dict[str, Any]:
     return overrides
 
 
-def _precision(spec: ZeroSpec) -> dict[str, Any]:
+def _precision_blocks(spec: ZeroSpec) -> dict[str, Any]:
     if spec.precision == "auto":
         return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
     if spec.precision == "bf16":

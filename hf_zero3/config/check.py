@@ -136,7 +136,7 @@ def check_ds_config(
         if _int_or_none(value) is not None and value <= 0:
             findings.append(Finding("error", name, f"must be >= 1 (got {value})"))
     findings += _batch(config, world_size, micro_batch, grad_accum, names)
-    findings += _precision(config, device, training_args)
+    findings += _check_precision(config, device, training_args)
     findings += _bridge_matches(config, training_args or {})
     findings += _zero(config)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
@@ -363,7 +363,7 @@ def _enabled(config: dict, block: str) -> bool:
     return _get(config, f"{block}.enabled") is True
 
 
-def _precision(config: dict, device: str | None, training_args: Mapping[str, Any] | None) -> list[Finding]:
+def _check_precision(config: dict, device: str | None, training_args: Mapping[str, Any] | None) -> list[Finding]:
     findings = []
     if training_args is not None:
         # What DeepSpeed will run with once the bridge has filled "auto" from TrainingArguments.

@@ -64,7 +64,7 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     for key, field in _TOP_FIELDS.items():
         if key in config:
             fields[field] = config[key]
-    fields["precision"] = _precision(config)
+    fields["precision"] = _precision_of_config(config)
     scaling = {k: v for k, v in (config.get("fp16") or {}).items() if k in Fp16Scaling.model_fields}
     if fields["precision"] == "fp16" and scaling:
         fields["fp16"] = scaling
@@ -92,7 +92,7 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     return ZeroSpec(**fields), notes
 
 
-def _precision(config: dict) -> str:
+def _precision_of_config(config: dict) -> str:
     bf16_block = config.get("bf16", config.get("bfloat16", {}))  # "bfloat16": DeepSpeed's old alias
     fp16, bf16 = config.get("fp16", {}).get("enabled"), bf16_block.get("enabled")
     if "auto" in (fp16, bf16):

@@ -39,7 +39,21 @@ STOCK_ZERO3 = {
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
 }
-BASELINES = ("stock", "stock_offload", "fsdp2")
+STOCK_ZERO2 = {
+    # transformers' documented ZeRO-2 template without its CPU offload, optimizer and scheduler blocks.
+    "fp16": STOCK_ZERO3["fp16"], "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
+                          "reduce_scatter": True, "reduce_bucket_size": "auto", "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+TUNED_MICRO_BATCH = {"stock_tuned": 2, "zero2_tuned": 1, "fsdp2_tuned": 2}
+"""What a user tuning stock HF by hand runs (the `*_tuned` baselines): the stock template, the Trainer's default
+optimizer (fused torch AdamW), no DeepSpeed scheduler, no activation checkpointing, no Liger, and the largest
+micro batch that fits Llama-3-8B at sequence 4096 on 2 x H200 without checkpointing (measured: stock ZeRO-3 2,
+FSDP2 2 at 106.9 GiB; ZeRO-2 1 at 100.5 GiB, 2 is predicted over 140 GiB). The accumulation follows from the
+recipe's global batch, so every variant trains the same tokens per step."""
+BASELINES = ("stock", "stock_offload", "fsdp2", *TUNED_MICRO_BATCH)
 FSDP2_CONFIG = {"fsdp_version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                 "activation_checkpointing": True}
 
@@ -52,18 +66,52 @@ class Variant:
     launcher: str  # "deepspeed" or "torchrun"
     overrides: list[str] = field(default_factory=list)
     ds_config: dict | None = None
+    recipe_dir: Path | None = None
+    """Whose train_args.yaml it starts from: the benchmarked recipe's unless set (`--variant NAME=DIR`)."""
 
 
-def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool) -> list[Variant]:
-    """`ours` (the recipe as it is) followed by the requested baselines."""
+def tuned_accumulation(name: str, global_batch: int, gpus: int) -> int:
+    """Gradient accumulation of a `*_tuned` baseline at its micro batch for the recipe's global batch."""
+    micro = TUNED_MICRO_BATCH[name]
+    if global_batch % (micro * gpus):
+        raise ValueError(f"{name} runs micro batch {micro} on {gpus} ranks: the global batch {global_batch} is not a "
+                         f"multiple of {micro * gpus}; pick --per_device_train_batch_size/--gradient_accumulation_steps "
+                         f"so that it is")
+    return global_batch // (micro * gpus)
+
+
+def _tuned(name: str, global_batch: int, gpus: int) -> Variant:
+    batch = ["--per_device_train_batch_size", str(TUNED_MICRO_BATCH[name]),
+             "--gradient_accumulation_steps", str(tuned_accumulation(name, global_batch, gpus)),
+             "--gradient_checkpointing", "false", "--use_liger_kernel", "false", "--optim", "adamw_torch_fused"]
+    if name == "fsdp2_tuned":
+        fsdp = {**FSDP2_CONFIG, "activation_checkpointing": False}
+        return Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
+                                          "--fsdp_config", json.dumps(fsdp), *batch])
+    config = copy.deepcopy(STOCK_ZERO2 if name == "zero2_tuned" else STOCK_ZERO3)
+    config.pop("optimizer", None)  # the Trainer's own optimizer and scheduler
+    config.pop("scheduler", None)
+    return Variant(name, "deepspeed", batch, ds_config=config)
+
+
+def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool, *, global_batch: int = 0,
+                   gpus: int = 2, others: dict[str, Path] | None = None) -> list[Variant]:
+    """`ours` (the recipe as it is), other recipe folders run the same way, then the requested baselines."""
     ours_config = json.loads((recipe_dir / "ds_config.json").read_text())
     variants = [Variant("ours", "deepspeed", ds_config=ours_config)]
+    for name, folder in (others or {}).items():
+        variants.append(Variant(name, "deepspeed", ds_config=json.loads((folder / "ds_config.json").read_text()),
+                                recipe_dir=folder))
     for name in against:
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}: choose from {', '.join(BASELINES)}")
+        if name in TUNED_MICRO_BATCH:
+            variants.append(_tuned(name, global_batch, gpus))
+            continue
         if name == "fsdp2":
             variants.append(Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
-                                                       "--fsdp_config", json.dumps(FSDP2_CONFIG)]))
+                                                       "--fsdp_config", json.dumps(FSDP2_CONFIG),
+                                                       "--use_liger_kernel", "false"]))
             continue
         config = copy.deepcopy(STOCK_ZERO3)
         if name == "stock_offload":
@@ -71,7 +119,7 @@ def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu
             config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
         if not on_gpu:  # DeepSpeed's fused GPU Adam does not exist on CPU; torch's Adam is what runs there
             config["optimizer"]["params"]["torch_adam"] = True
-        variants.append(Variant(name, "deepspeed", ["--gradient_checkpointing", "true",
+        variants.append(Variant(name, "deepspeed", ["--gradient_checkpointing", "true", "--use_liger_kernel", "false",
                                                     "--gradient_checkpointing_kwargs", '{"use_reentrant": false}'],
                                 ds_config=config))
     if breakdown:
@@ -110,27 +158,46 @@ def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
     return summary
 
 
+def aggregate(runs: list[dict]) -> dict[str, Any]:
+    """One variant over its repeats: medians of the runs' medians, peaks over all runs, the runs themselves."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[-1]["error"], "runs": runs}
+    summary: dict[str, Any] = {}
+    for key in ok[0]:
+        values = [r[key] for r in ok if r.get(key) is not None]
+        if not values:
+            summary[key] = None
+        elif key.startswith("gpu_peak") or key == "host_rss_gb":
+            summary[key] = max(values)
+        else:
+            summary[key] = statistics.median(values)
+    summary["runs"] = runs
+    return summary
+
+
 def hardware_label() -> tuple[str, str]:
     """(short label for file names, long description) of this machine."""
     import torch
 
+    from hf_zero3.plan.hardware import gpu_count
+
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         short = name.replace("NVIDIA ", "").split()[0]
-        count = torch.cuda.device_count()
+        count = gpu_count()
         mem = torch.cuda.get_device_properties(0).total_memory / 1024**3
         return f"{count}x{short}", f"{count} x {name} ({mem:.0f} GiB), {os.cpu_count()} CPU cores"
     return f"cpu{os.cpu_count()}", f"CPU only: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
 
 
 def versions() -> dict[str, str]:
-    import accelerate
-    import deepspeed
+    """What the report records: package versions from metadata, CUDA and the driver when there is a GPU."""
     import torch
-    import transformers
 
-    found = {"python": platform.python_version(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-             "transformers": transformers.__version__, "accelerate": accelerate.__version__}
+    from hf_zero3.plan.hardware import versions as package_versions
+
+    found = package_versions()
     if torch.cuda.is_available():
         found["cuda"] = torch.version.cuda or "?"
         try:
@@ -150,24 +217,43 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
              "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + "  ",
              f"Model: {meta['model']}; sequence length {meta['seq_len']}; global batch {meta['global_batch']} "
              f"sequences ({meta['global_batch'] * meta['seq_len']} tokens) per step; {meta['steps']} measured steps "
-             f"after {meta['warmup']} warm-up steps (medians; peaks over the whole run).", "",
-             "Command:", "", "```", meta["command"], "```", "",
+             f"after {meta['warmup']} warm-up steps (medians; peaks over the whole run); {meta.get('repeats', 1)} "
+             "run(s) per config (medians of the runs' medians; peaks over all runs).", "",
+             "Command:", "", "```", *(meta.get("commands") or [meta["command"]]), "```", "",
              "| config | tokens/s/GPU | TFLOP/s/GPU | MFU | peak alloc GiB | peak reserved GiB | host RSS GiB "
-             "| step s | fwd/bwd/step ms | final loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| step s | fwd/bwd/step ms | final loss | runs: min-max tokens/s/GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
+        runs = r.get("runs", [r])
+        speeds = [x["tokens_per_s_per_gpu"] for x in runs if x.get("tokens_per_s_per_gpu")]
+        failed = [x["error"] for x in runs if "error" in x]
+        spread = (f"{len(speeds)}: {min(speeds):.0f}-{max(speeds):.0f}" if speeds else "0") + (
+            f" ({len(failed)} failed)" if failed else "")
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} | | | | | | | | |")
+            lines.append(f"| {name} | failed: {r['error']} | | | | | | | | | {spread} |")
             continue
         breakdown = "/".join(_fmt(r.get(k), 0) for k in ("ds_fwd_ms", "ds_bwd_ms", "ds_step_ms"))
         lines.append(f"| {name} | {_fmt(r['tokens_per_s_per_gpu'], 0)} | {_fmt(r['tflops_per_gpu'], 1)} | "
                      f"{_fmt(r['mfu'], 1, 100, '%')} | {_fmt(r['gpu_peak_allocated_gb'], 2)} | "
                      f"{_fmt(r['gpu_peak_reserved_gb'], 2)} | {_fmt(r['host_rss_gb'], 2)} | {_fmt(r['step_time_s'], 3)} | "
-                     f"{breakdown} | {_fmt(r['final_loss'], 3)} |")
+                     f"{breakdown} | {_fmt(r['final_loss'], 3)} | {spread} |")
     ours = results.get("ours", {})
     for name, r in results.items():
         if name != "ours" and "error" not in r and "error" not in ours and r.get("tokens_per_s_per_gpu"):
             lines.append("")
             lines.append(f"ours / {name}: {ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
+    if any(len(r.get("runs", [])) > 1 for r in results.values()):
+        lines += ["", "Each run (repeats interleaved: every variant once, then again):", "",
+                  "| config | repeat | tokens/s/GPU | MFU | peak alloc GiB | peak reserved GiB | step s |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, r in results.items():
+            for i, x in enumerate(r.get("runs", []), 1):
+                if "error" in x:
+                    lines.append(f"| {name} | {i} | failed: {x['error']} | | | | |")
+                else:
+                    lines.append(f"| {name} | {i} | {_fmt(x['tokens_per_s_per_gpu'], 0)} | {_fmt(x['mfu'], 1, 100, '%')} | "
+                                 f"{_fmt(x['gpu_peak_allocated_gb'], 2)} | {_fmt(x['gpu_peak_reserved_gb'], 2)} | "
+                                 f"{_fmt(x['step_time_s'], 3)} |")
     lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
               "embeddings) against the GPU's dense bf16 peak (`hf_zero3.callbacks.throughput.PEAK_TFLOPS`: 989 TFLOP/s for H100 SXM/H200).", "",
               "## Resolved configurations", ""]
@@ -186,12 +272,14 @@ def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
     except ImportError:
         return False
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for name, records in per_variant.items():
-        steps = [r for r in records if "loss" in r]
-        top.plot([r["step"] for r in steps], [r.get("tokens_per_s_per_gpu") for r in steps], marker="o", label=name)
-        key = "gpu_peak_allocated_gb" if any("gpu_peak_allocated_gb" in r for r in steps) else "host_rss_gb"
-        bottom.plot([r["step"] for r in steps], [r.get(key) for r in steps], marker="o", label=name)
-        bottom.set_ylabel(f"{key} (GiB)")
+    for index, (name, records) in enumerate(per_variant.items()):
+        for repeat in sorted({r.get("repeat", 1) for r in records}):  # one colour per variant, a line per run
+            steps = [r for r in records if "loss" in r and r.get("repeat", 1) == repeat]
+            style = {"color": f"C{index}", "marker": "o", "label": name if repeat == 1 else None, "alpha": 0.8}
+            top.plot([r["step"] for r in steps], [r.get("tokens_per_s_per_gpu") for r in steps], **style)
+            key = "gpu_peak_allocated_gb" if any("gpu_peak_allocated_gb" in r for r in steps) else "host_rss_gb"
+            bottom.plot([r["step"] for r in steps], [r.get(key) for r in steps], **style)
+            bottom.set_ylabel(f"{key} (GiB)")
     top.set_ylabel("tokens/s per GPU")
     bottom.set_xlabel("step")
     top.legend()
@@ -203,14 +291,19 @@ def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
     return True
 
 
-def _follow(proc: subprocess.Popen, log: Path, total: int, label: str) -> int:
-    """Wait for a run, showing a progress bar from its train_log.jsonl."""
+def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
+    """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
+    stopped and reported as exit 124, so one hung run cannot eat a whole bench."""
     from tqdm import tqdm
 
     start = time.time()
     with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
+            if limit and time.time() - start > limit:
+                _stop(proc)
+                print(f"{label}: stopped after {limit:.0f} s (--run-timeout)", file=sys.stderr, flush=True)
+                return 124
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
     print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
@@ -234,58 +327,88 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
-              global_batch: int, command: str) -> tuple[Path, dict[str, str]]:
-    """Run every variant and write <model>_<hardware>_<date>.md/.jsonl/.png into out_dir; returns the .md and
-    the variants that failed (name -> error).
+              global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
+              resume: bool = False, run_timeout: float = 0, suffix: str = "") -> tuple[Path, dict[str, str]]:
+    """Run every variant `repeats` times (interleaved) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
+    into out_dir; returns the .md and the variants whose last run failed (name -> error).
 
-    The report is rewritten after each variant, so a bench cut short still leaves what it measured; a bench
-    stopped by an exception (or SIGTERM, which `hf-zero3 bench` turns into one) stops the running variant first.
+    The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
+    (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
     """
     from hf_zero3.run.distributed import cuda_available, free_port
 
     on_gpu = cuda_available()
-    variants = build_variants(recipe_dir, against, breakdown, on_gpu)
+    variants = build_variants(recipe_dir, against, breakdown, on_gpu, global_batch=global_batch, gpus=gpus,
+                              others=others)
     work_dir.mkdir(parents=True, exist_ok=True)
+    state_path = work_dir / "bench_state.json"
+    state = json.loads(state_path.read_text()) if resume and state_path.exists() else {}
     short_hw, long_hw = hardware_label()
-    date = datetime.date.today().isoformat()
+    date = state.get("date") or datetime.date.today().isoformat()
+    state.update(date=date, commands=[*state.get("commands", []), command], runs=state.get("runs", {}))
     meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
             "versions": versions(), "model": model, "seq_len": seq_len, "global_batch": global_batch,
-            "steps": steps, "warmup": warmup, "command": command, "configs": {}}
-    per_variant: dict[str, list[dict]] = {}
-    results: dict[str, dict] = {}
-    report = out_dir / f"{model_label}_{short_hw}_{date}.md"
-    for index, variant in enumerate(variants, 1):
-        run_dir = work_dir / variant.name
+            "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
+            "configs": {}}
+    report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
+    total = repeats * len(variants)
+    for index in range(total):
+        repeat, variant = index // len(variants) + 1, variants[index % len(variants)]
+        done = state["runs"].setdefault(variant.name, {})
+        if str(repeat) in done:
+            continue
+        run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
         shutil.rmtree(run_dir, ignore_errors=True)  # the bench's own scratch run: old records must not mix in
         overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
                      "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
-                     "--output_dir", str(run_dir), "--overwrite_output_dir", "true", *extra]
+                     "--output_dir", str(run_dir), "--overwrite_output_dir", "true", "--save_final_model", "false",
+                     *extra]
         if variant.ds_config is not None:
             config_path = work_dir / f"{variant.name}_ds_config.json"
             config_path.write_text(json.dumps(variant.ds_config, indent=2))
             overrides += ["--deepspeed", str(config_path)]
-        cmd = launch_command(variant, gpus, free_port(), recipe_dir / "train_args.yaml", overrides)
-        with (work_dir / f"{variant.name}.log").open("w") as log:
+        yaml_path = (variant.recipe_dir or recipe_dir) / "train_args.yaml"
+        cmd = launch_command(variant, gpus, free_port(), yaml_path, overrides)
+        log_path = work_dir / f"{run_dir.name}.log"
+        with log_path.open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             try:
                 code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
-                               f"[{index}/{len(variants)}] {variant.name}")
+                               f"[{index + 1}/{total}] {variant.name} run {repeat}", run_timeout)
             finally:
-                if proc.poll() is None:  # the bench itself is stopping
+                if proc.poll() is None:  # the bench itself is stopping, or the run hung
                     _stop(proc)
-        records = _read_jsonl(run_dir / "train_log.jsonl")
-        per_variant[variant.name] = records
+        records = [{"repeat": repeat, **r} for r in _read_jsonl(run_dir / "train_log.jsonl")]
         if code != 0:
-            lines = (work_dir / f"{variant.name}.log").read_text().strip().splitlines()
+            lines = log_path.read_text().strip().splitlines()
             tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]  # train's own
-            results[variant.name] = {"error": f"exit {code}: {tail[0][:160]} (log: {work_dir / variant.name}.log)"}
+            summary = {"error": f"exit {code}: {tail[0][:160]} (log: {log_path})"}
         else:
-            results[variant.name] = summarize(records, warmup)
+            summary = summarize(records, warmup)
         run_config = run_dir / "run_config.json"
-        meta["configs"][variant.name] = json.loads(run_config.read_text()) if run_config.exists() else {}
-        meta["configs"][variant.name]["command"] = shlex.join(cmd)
-        _write_outputs(report, meta, results, per_variant)
-    return report, {name: r["error"] for name, r in results.items() if "error" in r}
+        config = json.loads(run_config.read_text()) if run_config.exists() else {}
+        config["command"] = shlex.join(cmd)
+        done[str(repeat)] = {"summary": summary, "records": records, "config": config}
+        state_path.write_text(json.dumps(state, indent=1))
+        _write_state_outputs(report, meta, state, [v.name for v in variants])
+    _write_state_outputs(report, meta, state, [v.name for v in variants])
+    failed = {name: runs[max(runs, key=int)]['summary']['error'] for name, runs in state['runs'].items()
+              if runs and 'error' in runs[max(runs, key=int)]['summary']}
+    return report, failed
+
+
+def _write_state_outputs(report: Path, meta: dict, state: dict, names: list[str]) -> None:
+    """The report of every run recorded in `state`: this call's variants first, then those of earlier calls."""
+    names = [*names, *(n for n in state["runs"] if n not in names)]
+    results, per_variant = {}, {}
+    for name in names:
+        runs = [state["runs"][name][k] for k in sorted(state["runs"].get(name, {}), key=int)]
+        if not runs:
+            continue
+        results[name] = aggregate([r["summary"] for r in runs])
+        per_variant[name] = [record for r in runs for record in r["records"]]
+        meta["configs"][name] = runs[-1]["config"]
+    _write_outputs(report, meta, results, per_variant)
 
 
 def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[str, list[dict]]) -> None:

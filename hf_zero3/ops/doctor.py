@@ -600,11 +600,6 @@ def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | Non
     return Result("OK", "allreduce", detail, data=summary)
 
 
-def default_ranks() -> int:
-    """One rank per visible GPU, or 2 CPU ranks (enough to exercise a real all-reduce)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
 def main(argv: list[str] | None = None) -> int:

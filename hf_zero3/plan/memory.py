@@ -10,8 +10,6 @@ an OOM. Every term, its formula and where it differs from DeepSpeed's estimator:
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +26,11 @@ GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
 """Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
 on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
 partition-sized copies of the gradients, which fragment the cache)."""
+GPU_MARGIN_NEAR_FULL = {3: 0.07}
+"""The fragmentation a nearly full GPU still needs, by ZeRO stage. Close to capacity the caching allocator releases
+its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
+140 GiB reserved 4.8% and 6.8% more (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). A plan whose full margin does
+not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
@@ -38,6 +41,8 @@ LOGITS_BYTES_PER_VOCAB = 12
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
 
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
+ATTENTIONS: tuple[str, ...] = Attention.__args__
+"""The attention kernels the planner models (sdpa and flash keep O(seq) per head, eager the seq x seq scores)."""
 
 
 class PlanError(ValueError):
@@ -89,6 +94,9 @@ class Training:
     load_bytes: int | None = None
     """Bytes per parameter as the weights are loaded on the host: None = the training precision (a pretrained
     16-bit checkpoint); 4 for a model built from a config (from scratch: transformers initializes in fp32)."""
+    liger: bool = False
+    """Liger kernels (`use_liger_kernel`): RMSNorm keeps its 16-bit input and an fp32 rstd per row, SwiGLU keeps
+    gate and up and recomputes the activation, and the fused linear cross-entropy never holds the whole logits."""
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch", "grad_accum"):
@@ -96,7 +104,7 @@ class Training:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.load_bytes not in (None, 2, 4):
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
-        if self.attention not in ("sdpa", "flash_attention_2", "eager"):
+        if self.attention not in ATTENTIONS:
             raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
 
     @property
@@ -179,6 +187,11 @@ class Plan:
         return self.gpu_bytes <= self.hardware.gpu_mem
 
     @property
+    def tight(self) -> bool:
+        """It fits only with the near-full fragmentation allowance (`GPU_MARGIN_NEAR_FULL`), not the full margin."""
+        return any(n.startswith("tight fit:") for n in self.notes)
+
+    @property
     def fits_host(self) -> bool:
         return self.hardware.host_ram is None or self.host_bytes <= self.hardware.host_ram
 
@@ -240,16 +253,18 @@ def _resolve(value: Any, auto: int) -> int:
     return auto if value == "auto" else int(value)
 
 
-def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, attention: str) -> int:
+def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, attention: str, liger: bool = False) -> int:
     """Bytes one decoder layer keeps for backward, per token (HF Llama code, no recomputation).
 
     Two RMSNorms (fp32 input copy 4h, normalized 16-bit, output 16-bit), q/k/v after RoPE and the attention
     output (16-bit), the kernel's fp32 log-sum-exp per head, and the SwiGLU MLP's gate, act, up, product.
     Eager attention repeats k/v to all heads and keeps the fp32 softmax and its 16-bit copy (seq per head).
+    With Liger: each RMSNorm keeps its 16-bit input and an fp32 rstd (its 16-bit output is still kept by the
+    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed).
     """
     b, h = element_bytes(precision), shape.hidden
-    norms = 2 * (4 * h + 2 * b * h)
-    mlp = 4 * b * shape.ffn
+    norms = 2 * (2 * b * h + 4) if liger else 2 * (4 * h + 2 * b * h)
+    mlp = (3 if liger else 4) * b * shape.ffn
     if attention == "eager":
         attn = b * 4 * shape.q_dim + shape.heads * seq_len * (4 + (b if b != 4 else 0))
     else:
@@ -321,8 +336,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add("gpu", "reduce bucket", b * reduce_bucket, f"{b} B x {_count(reduce_bucket)}", "buffer")
     # Activations of one micro batch.
     t, L = training.tokens, shape.layers
-    per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention)
-    final_norm = 4 * H + 2 * b * H
+    per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
+    final_norm = b * H + 4 if training.liger else 4 * H + 2 * b * H
     if spec.activation_checkpointing:
         add("gpu", "activations: checkpointed layer inputs", t * (L * b * H + final_norm),
             f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
@@ -332,15 +347,29 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             f"{t} tokens x ({L} x {per_layer} B/layer ({training.attention}) + final norm {final_norm} B)",
             "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
-    logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
-    add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {shape.vocab}",
-        "activation", phase="backward")
+    if training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
+        chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(shape.vocab / H)) - 1).bit_length())
+        add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + b * shape.vocab * H + b * chunk * shape.vocab,
+            f"{b} B x {t} tokens x {H} (input grad) + fp32 loss per token + {b} B x vocab {shape.vocab} x {H} "
+            f"(lm_head grad) + a {chunk}-token chunk of {b}-byte logits", "activation", phase="backward")
+        logits = 0
+    else:
+        logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
+        add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {shape.vocab}",
+            "activation", phase="backward")
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
-    margin = GPU_MARGIN[stage]
-    add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
-        "overhead", False)
+    margin, tight = GPU_MARGIN[stage], GPU_MARGIN_NEAR_FULL.get(stage)
+    left = hardware.gpu_mem - CUDA_CONTEXT_BYTES - allocated
+    if tight is not None and tight * allocated <= left < margin * allocated:
+        add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
+            f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
+        notes.append(f"tight fit: {left / allocated:.1%} of allocated left for fragmentation (measured need near a "
+                     f"full GPU: {tight:.0%}); the allocator will release cached blocks, which can cost some speed")
+    else:
+        add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
+            "overhead", False)
     add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "measured: NVML used - torch reserved", "overhead",
         False)
     # Host RAM per node beyond offloaded states.
@@ -401,7 +430,7 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-               load_bytes: int | None = None) -> list[Plan]:
+               load_bytes: int | None = None, liger: bool = False) -> list[Plan]:
     """Every configuration the planner considers, cheapest first."""
     plans = []
     for rung in _rungs(hardware, precision):
@@ -410,7 +439,8 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
-                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes), spec))
+                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes, liger),
+                                  spec))
     return sorted(plans, key=cost_key)
 
 
@@ -431,14 +461,15 @@ class Choice:
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-           load_bytes: int | None = None) -> Choice:
-    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides.
+           load_bytes: int | None = None, liger: bool = False) -> Choice:
+    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides; a plan that fits only
+    tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
-    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config)."""
+    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
-              "attention": attention, "load_bytes": load_bytes}
+              "attention": attention, "load_bytes": load_bytes, "liger": liger}
     tried = candidates(shape, hardware, seq_len, **kwargs)
-    best = next((p for p in tried if p.fits), None)
+    best = next((p for p in tried if p.fits and not p.tight), None) or next((p for p in tried if p.fits), None)
     if best is not None:
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), training_args_overrides(best.spec))
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
@@ -487,13 +518,14 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     need = (lambda p: p.host_bytes) if host else (lambda p: p.gpu_bytes)
     per_rank = training.micro_batch * training.grad_accum
     options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=per_rank * hardware.world_size,
-                                     precision=spec.precision, attention=training.attention)
+                                     precision=spec.precision, attention=training.attention, liger=training.liger)
                if _at_least_as_frugal(p, current) and need(p) < need(current)]
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
             f"micro batch {training.micro_batch}).")
     if nxt is None:
-        choice = choose(shape, hardware, training.seq_len, precision=spec.precision, attention=training.attention)
+        choice = choose(shape, hardware, training.seq_len, precision=spec.precision, attention=training.attention,
+                        liger=training.liger)
         return f"{head} No more frugal option is predicted to fit. {choice.advice}".strip()
     return (f"{head} Next step (predicted {gb(need(nxt))}: {nxt.label}, micro batch {nxt.training.micro_batch}): "
             f"{_how(current, nxt, ds_config_path)}")
@@ -525,88 +557,3 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
         parts.append(f"--per_device_train_batch_size {nxt.training.micro_batch} "
                      f"--gradient_accumulation_steps {nxt.training.grad_accum} (same global batch)")
     return "; ".join(parts)
-
-
-def oom_kind(error: BaseException) -> str | None:
-    """"cuda" for a CUDA OOM, "host" for a failed host allocation, None otherwise (for train.py's except)."""
-    import torch
-
-    text = str(error)
-    if isinstance(error, torch.OutOfMemoryError) or "CUDA out of memory" in text:
-        return "cuda"
-    if isinstance(error, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in text or (
-            "pin" in text and "out of memory" in text):
-        return "host"
-    return None
-
-
-def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False) -> str:
-    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size."""
-    from hf_zero3.config.convert import spec_from_ds_config
-    from hf_zero3.plan.shapes import shape_from_config
-
-    ds = training_args.hf_deepspeed_config.config if getattr(training_args, "hf_deepspeed_config", None) else None
-    fields = spec_from_ds_config(ds)[0].model_dump(exclude_unset=True) if ds else {"stage": 0}
-    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
-    spec = ZeroSpec(**{**fields, "precision": precision,
-                       "activation_checkpointing": bool(training_args.gradient_checkpointing)})
-    world = int(os.environ.get("WORLD_SIZE", training_args.world_size))
-    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")  # torchrun / deepspeed launcher
-    local = int(local) if local else min(world, max(1, _cuda_count()))
-    hardware = detect_hardware(nodes=max(1, world // local), gpus_per_node=local, host_ram=host_ram_bytes())
-    attention = getattr(model_config, "_attn_implementation", None) or "sdpa"
-    training = Training(seq_len, training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
-                        attention if attention in ("sdpa", "flash_attention_2", "eager") else "sdpa")
-    path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
-    return oom_advice(shape_from_config(model_config), hardware, training, spec, host=host, ds_config_path=path)
-
-
-# --- this machine ---------------------------------------------------------------------------------
-
-def _cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def host_ram_bytes() -> int:
-    """Physical RAM of this machine."""
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def detect_hardware(nodes: int | None = None, gpus_per_node: int | None = None, gpu_mem: int | None = None,
-                    host_ram: int | None = None, nvme_path: str | None = None,
-                    nvme_free: int | None = None) -> Hardware:
-    """Hardware from the given values, the rest read from this machine (and listed in `detected`).
-
-    Host RAM is read from this machine only when the GPUs are too: planning for other GPUs (--gpus or
-    --gpu-mem given) with this laptop's RAM would reject every offload option for the wrong reason, so
-    there it stays unknown (None) and the plan reports what it needs instead.
-    """
-    detected = []
-    elsewhere = gpus_per_node is not None or gpu_mem is not None
-    if gpus_per_node is None or gpu_mem is None:
-        count = _cuda_count()
-        if count == 0:
-            raise PlanError("no GPU found on this machine: pass --gpus N and --gpu-mem SIZE (e.g. --gpus 8 "
-                            "--gpu-mem 80GB) for the GPUs you plan for")
-        if gpus_per_node is None:
-            gpus_per_node = count
-            detected.append("gpus_per_node")
-        if gpu_mem is None:
-            import torch
-
-            gpu_mem = torch.cuda.get_device_properties(0).total_memory
-            detected.append("gpu_mem")
-    if host_ram is None and not elsewhere:
-        host_ram = host_ram_bytes()
-        detected.append("host_ram")
-    if nvme_path and nvme_free is None:
-        if not os.path.isdir(nvme_path):
-            raise PlanError(f"NVMe path {nvme_path} is not a directory: create it on the NVMe mount, or pass "
-                            "--nvme-free SIZE to plan for another machine")
-        nvme_free = shutil.disk_usage(nvme_path).free
-        detected.append("nvme_free")
-    return Hardware(nodes or 1, gpus_per_node, gpu_mem, host_ram, nvme_path, nvme_free or 0, tuple(detected))

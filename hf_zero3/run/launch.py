@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -26,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_zero3 import recipes
+from hf_zero3.argtypes import parse_size, positive_int
 from hf_zero3.run.distributed import LaunchError
+from hf_zero3.run.facts import RunFacts
 
 DEFAULT_HOSTFILE = "outputs/hostfile"
 MULTI_NODE_PORT = 29500
@@ -70,10 +71,17 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        match = re.fullmatch(r"(\d+)x(\d+)(?:x(\d+(?:\.\d+)?[kKmMgGtT]i?[bB]?))?", text)
-        if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-            raise argparse.ArgumentTypeError(f"bad target {text!r}: NODESxGPUS[xGPU_MEM], e.g. 1x8x40GB")
-        return cls(int(match.group(1)), int(match.group(2)), match.group(3))
+        """`NODESxGPUS[xMEM]`, MEM in the size grammar of `plan --gpu-mem` (40GB, 140GiB)."""
+        parts = text.split("x", 2)
+        try:
+            if len(parts) < 2:
+                raise argparse.ArgumentTypeError(text)
+            target = cls(positive_int(parts[0]), positive_int(parts[1]), parts[2] if len(parts) == 3 else None)
+            if len(parts) == 3:
+                parse_size(parts[2])
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"bad target {text!r}: NODESxGPUS[xGPU_MEM], e.g. 1x8x40GB") from None
+        return target
 
 
 @dataclass
@@ -232,20 +240,6 @@ def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problem
     return ["--model_name_or_path", "null", "--config_name", source]
 
 
-def _sizes(env: Mapping[str, str], problems: list[str]) -> None:
-    """GPU_MEM and HOST_RAM, in the planner's size grammar (read by DRY_RUN's plan)."""
-    from hf_zero3.cli.plan import parse_size
-
-    for name, example in (("GPU_MEM", "80GB"), ("HOST_RAM", "1TB")):
-        text = env.get(name, "").strip()
-        try:
-            if text:
-                parse_size(text)
-        except argparse.ArgumentTypeError:
-            problems.append(f"{name}={text} is not a size: set {name}={example} (GB: 10^9 bytes; GiB or G: 2^30), "
-                            "or unset it")
-
-
 def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: Target = Target()) -> Launch:
     """Check the launch settings in `env` together and build the deepspeed command (raises LaunchError)."""
     from hf_zero3.run.distributed import free_port
@@ -272,7 +266,6 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
         problems.append(f"LAUNCHER={launcher or 'pdsh'} needs `{tool}` on this node: install it, or start every node "
                         "yourself with NO_SSH=1 NODE_RANK=i MASTER_ADDR=node0 (scripts/slurm/train.sbatch)")
     model_args = _model_args(env, recipe, from_config, problems)
-    _sizes(env, problems)
     if problems:
         raise LaunchError("\n".join(problems))
 
@@ -338,24 +331,18 @@ def write_deepspeed_env(path: Path, variables: dict[str, str]) -> None:
 
 def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target) -> int:
     """Resolved arguments, batch math, ds_config check and memory plan for this world size; 0 when it all fits."""
-    import dataclasses
 
     from hf_zero3.config.check import check_ds_config, has_errors, load_config
-    from hf_zero3.run.data import DataArguments
-    from hf_zero3.run.train import TrainingArguments, UsageError, input_problems, load_arguments
+    from hf_zero3.run.train import UsageError, load_arguments
 
     try:
         values = load_arguments(launch.train_argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if problems := input_problems(values, device=None):  # what train checks first, on the target's device
-        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
-        return 2
-    defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}
-    get = lambda key: values.get(key, defaults.get(key))
-    micro, accum, seq = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("block_size")
-    global_batch = micro * accum * launch.world_size
+    facts = RunFacts.from_values(values)
+    micro, accum, seq = facts.micro_batch, facts.grad_accum, facts.seq_len
+    global_batch = facts.global_batch(launch.world_size)
     print("arguments (train_args.yaml + overrides, strict-checked):")
     for key, value in sorted(values.items()):
         print(f"  {key}: {value}")
@@ -368,58 +355,62 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
         print(f"ds_config {finding}")
     print(f"ds_config {values['deepspeed']}: {len(findings)} finding(s) for world size {launch.world_size}")
     rc = 1 if has_errors(findings) else 0
-    return max(rc, _plan(values, get, config, launch, recipe, env, target))
+    return max(rc, _plan(values, facts, config, launch, recipe, env, target))
 
 
-def _plan(values, get, config, launch: Launch, recipe: Path, env, target: Target) -> int:
-    """`hf-zero3 plan` for this world size, then the recipe's own config measured against the same hardware."""
-    from hf_zero3.cli import plan as plan_cli
+def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, target: Target) -> int:
+    """The planner's choice for this world size, then the recipe's own config measured against the same hardware."""
     from hf_zero3.config.convert import spec_from_ds_config
     from hf_zero3.config.spec import ZeroSpec
-    from hf_zero3.plan.memory import PlanError, Training, choose, detect_hardware, gb, plan
+    from hf_zero3.plan.hardware import detect_hardware
+    from hf_zero3.plan.memory import PlanError, Training, choose, gb, plan
+    from hf_zero3.plan.report import print_choice
     from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_shape
     from hf_zero3.run.distributed import cuda_available
 
-    gpu_mem = env.get("GPU_MEM", "").strip() or target.gpu_mem
-    if not gpu_mem and not cuda_available():
+    sizes = {}
+    for name, text in (("GPU_MEM", env.get("GPU_MEM", "").strip() or target.gpu_mem),
+                       ("HOST_RAM", env.get("HOST_RAM", "").strip())):
+        try:
+            sizes[name] = parse_size(text) if text else None
+        except argparse.ArgumentTypeError as e:
+            print(f"error: {name}={text}: {e}", file=sys.stderr)
+            return 2
+    if not sizes["GPU_MEM"] and not cuda_available():
         print("plan      skipped: no GPU here and no target GPU memory; set GPU_MEM=80GB to plan for such GPUs")
         return 0
     model = env.get("MODEL", "").strip() or (recipe.name if recipe.name in NAMED_SHAPES else None) or (
         values.get("model_name_or_path") or values.get("config_name"))
-    precision = "bf16" if get("bf16") else "fp16" if get("fp16") else "fp32"
-    attention = values.get("attn_implementation") or "sdpa"
-    attention = attention if attention in ("sdpa", "flash_attention_2", "eager") else "sdpa"
-    micro, accum, seq = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("block_size")
-    argv = ["--model", str(model), "--nodes", str(launch.nodes), "--gpus", str(launch.gpus), "--seq-len", str(seq),
-            "--micro-batch", str(micro), "--global-batch", str(micro * accum * launch.world_size),
-            "--precision", precision, "--attention", attention]
-    from_scratch = not values.get("model_name_or_path") or _flag(env, "FROM_CONFIG", [])
-    argv += ["--from-scratch"] if from_scratch else []
-    argv += ["--gpu-mem", gpu_mem] if gpu_mem else []
-    argv += ["--host-ram", env["HOST_RAM"]] if env.get("HOST_RAM", "").strip() else []
-    print(f"plan      hf-zero3 plan {shlex.join(argv)}\n")
-    parser = argparse.ArgumentParser(prog="hf-zero3 plan")
-    plan_cli.add_arguments(parser)
-    args = parser.parse_args(argv)
-    rc = plan_cli.main(args)
+    micro, accum, seq = facts.micro_batch, facts.grad_accum, facts.seq_len
+    from_scratch = facts.from_scratch or _flag(env, "FROM_CONFIG", [])
+    load_bytes = 4 if from_scratch else None
     try:
         shape = load_shape(str(model))
-        hardware = detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=args.gpu_mem,
-                                   host_ram=args.host_ram)
+        hardware = detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
+                                   host_ram=sizes["HOST_RAM"])
+        best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
+                             micro_batch=micro, precision=facts.precision, attention=facts.attention,
+                             load_bytes=load_bytes, liger=facts.liger)
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
-        return max(rc, 1)
+        return 1
+    print(f"plan      {model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}, "
+          f"{facts.describe(launch.world_size)}, {facts.precision}, {facts.attention}"
+          + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "") + "\n")
+    print_choice(shape, hardware, seq, best_choice)
+    rc = 0 if best_choice.fits else 1
     fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
-    spec = ZeroSpec(**{**fields, "precision": precision, "activation_checkpointing": bool(get("gradient_checkpointing"))})
-    load_bytes = 4 if from_scratch else None
-    ours = plan(shape, hardware, Training(seq, micro, accum, attention, load_bytes), spec)
-    best = choose(shape, hardware, seq, global_batch=micro * accum * launch.world_size, micro_batch=micro,
-                  precision=precision, attention=attention, load_bytes=load_bytes).plan
+    spec = ZeroSpec(**{**fields, "precision": facts.precision,
+                       "activation_checkpointing": facts.activation_checkpointing})
+    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger), spec)
+    best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
     same = best is not None and best.label == ours.label
     print(f"\nrecipe    {recipe.name}: {ours.label}, micro batch {micro}: {gb(ours.gpu_bytes)} per GPU, "
           f"{gb(ours.host_bytes)} host RAM per node: {verdict}"
           + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
+    for note in ours.notes:
+        print(f"          {note}")
     return max(rc, 0 if ours.fits else 1)
 
 

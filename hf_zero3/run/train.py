@@ -34,6 +34,7 @@ from hf_zero3.run.distributed import (
     prepare_process_group,
     process_group_released,
 )
+from hf_zero3.run.facts import RunFacts
 
 
 class UsageError(ValueError):
@@ -77,6 +78,9 @@ class TrainingArguments(transformers.TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
                                           "overwritten). Without it such a dir is refused."})
+    save_final_model: bool = field(
+        default=True, metadata={"help": "Save the final model to output_dir after training. `hf-zero3 bench` turns "
+                                        "it off: its scratch runs measure steps, and an 8B save takes tens of seconds."})
     stop_after_nonfinite_steps: int = field(
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
@@ -490,9 +494,9 @@ def _max_positions(values: dict[str, Any]) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
-def input_problems(values: dict[str, Any], device: str | None) -> list[str]:
-    """What is wrong with the model folders and the data files or dataset (device None: not known, e.g. a dry run on
-    a login node, so device checks are skipped)."""
+def check_inputs(values: dict[str, Any], device: str) -> None:
+    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
+    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
     problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
         if device == "cpu" and values.get("fp16") else []
     problems += _model_problems(values)
@@ -505,13 +509,7 @@ def input_problems(values: dict[str, Any], device: str | None) -> list[str]:
     if values.get("dataset_name") and not values.get("train_file") and \
             (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
         problems.append(problem)
-    return problems
-
-
-def check_inputs(values: dict[str, Any], device: str) -> None:
-    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
-    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
-    problems = input_problems(values, device) + _ds_config_problems(values, device)
+    problems += _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
 
@@ -520,16 +518,14 @@ def _banner(trainer) -> str:
     args = trainer.args
     ds = args.hf_deepspeed_config.config if args.deepspeed else None
     stage = ds.get("zero_optimization", {}).get("stage", 0) if ds else "off (no deepspeed config)"
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-    return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | micro batch "
-            f"{args.per_device_train_batch_size} x accumulation {args.gradient_accumulation_steps} x "
-            f"{args.world_size} ranks = global batch {global_batch} | {precision} | device {args.device}")
+    facts = RunFacts.from_args(args, seq_len=0)
+    return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | {facts.describe(args.world_size)} | "
+            f"{facts.precision} | device {args.device}")
 
 
 def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
-    from hf_zero3.plan.memory import oom_advice_for_run, oom_kind
+    from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
 
     kind = oom_kind(error)
     if kind is None:
@@ -572,6 +568,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     on_cpu = bool(values.get("use_cpu")) or not cuda_available()
     if on_cpu:
         values["use_cpu"] = True
+        if values.get("use_liger_kernel"):  # Liger's kernels are Triton GPU kernels; the same recipe runs on CPU
+            print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
+            values["use_liger_kernel"] = False
     check_inputs(values, device="cpu" if on_cpu else "cuda")
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
@@ -611,7 +610,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         _explain_oom(error, model.config, training_args, data_args.block_size)
         raise
     metrics = dict(result.metrics)
-    trainer.save_model()
+    if training_args.save_final_model:
+        trainer.save_model()
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
@@ -630,7 +630,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs})
         newest = newest_complete(out)
-        print(f"hf_zero3: final model: {out}", flush=True)
+        if training_args.save_final_model:
+            print(f"hf_zero3: final model: {out}", flush=True)
         if newest:
             print(f"hf_zero3: last checkpoint: {newest}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)

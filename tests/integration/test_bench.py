@@ -117,3 +117,37 @@ def test_bench_rejects_unknown_recipe_and_baseline(tmp_path):
     assert proc.returncode == 2 and "is not a recipe folder" in proc.stderr and "tiny" in proc.stderr
     proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock,megatron", "--out", tmp_path])
     assert proc.returncode == 2 and "unknown baseline(s) ['megatron']" in proc.stderr
+
+
+def test_bench_tuned_baselines_then_a_resumed_second_repeat(tmp_path):
+    """The hand-tuned baselines train the recipe's global batch at their own micro batch, without checkpointing or
+    Liger; a second call with --resume runs only what is missing and reports both runs of `ours`."""
+    out, work = tmp_path / "benchmarks", tmp_path / "work"
+    common = ["--steps", "2", "--warmup", "1", "--suffix", "tuned", "--out", out, "--work-dir", work, "--",
+              "--per_device_train_batch_size", "4", "--use_liger_kernel", "true"]
+    proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock_tuned,zero2_tuned,fsdp2_tuned",
+                *common])
+    assert proc.returncode == 0, explain(proc)
+    [report] = out.glob("tiny_cpu*_*_tuned.md")
+    text = report.read_text()
+    assert all(f"| {name} | " in text for name in ("ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned"))
+    assert all(f"ours / {name}:" in text for name in ("stock_tuned", "zero2_tuned", "fsdp2_tuned"))
+    configs = {name: json.loads((work / name / "run_config.json").read_text())
+               for name in ("ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned")}
+    batch = {n: (c["training"]["per_device_train_batch_size"], c["training"]["gradient_accumulation_steps"])
+             for n, c in configs.items()}
+    assert batch == {"ours": (4, 1), "stock_tuned": (2, 2), "zero2_tuned": (1, 4), "fsdp2_tuned": (2, 2)}  # 8 a step
+    assert configs["zero2_tuned"]["ds_config"]["zero_optimization"]["stage"] == 2
+    assert configs["stock_tuned"]["ds_config"]["zero_optimization"]["stage"] == 3
+    assert "optimizer" not in configs["stock_tuned"]["ds_config"] and configs["fsdp2_tuned"]["ds_config"] is None
+    assert all(not c["training"]["gradient_checkpointing"] and c["training"]["optim"] == "adamw_torch_fused"
+               for c in configs.values())
+    assert "hf_zero3: use_liger_kernel needs a GPU: off on CPU" in (work / "ours.log").read_text()
+    assert not list(work.glob("*/model*.safetensors"))  # bench runs skip the final save
+
+    again = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "", "--repeats", "2", "--resume", *common])
+    assert again.returncode == 0, explain(again)
+    assert "ours run 2: exit 0" in again.stderr and "ours run 1:" not in again.stderr
+    text = report.read_text()
+    assert "| ours | 1 | " in text and "| ours | 2 | " in text and "| 2: " in text
+    assert "--repeats 2 --resume" in text and "--against stock_tuned,zero2_tuned,fsdp2_tuned" in text

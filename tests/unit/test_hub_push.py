@@ -16,7 +16,7 @@ import hf_zero3.checkpoint.export
 import hf_zero3.checkpoint.hub
 from hf_zero3.callbacks.hub_push import STAGING_PREFIX, HubPushCallback, snapshot_checkpoint
 from hf_zero3.checkpoint import lifecycle as ckpt
-from tests.unit.test_checkpoint import make_checkpoint, master_weights
+from tests.conftest import make_checkpoint, master_weights
 
 
 def _files(folder) -> dict[str, bytes]:

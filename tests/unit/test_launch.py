@@ -199,9 +199,32 @@ def test_target_parses(text, expected):
     assert Target.parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["8", "0x8", "1x8x", "1x8xlots"])
+@pytest.mark.parametrize("text", ["8", "0x8", "1x8x", "1x8xlots", "1x8x40ZB"])
 def test_bad_target_is_refused(text):
     import argparse
 
     with pytest.raises(argparse.ArgumentTypeError, match="NODESxGPUS"):
         Target.parse(text)
+
+
+def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
+    """`use_liger_kernel: true` (YAML or override) reaches the memory plan: no fp32 logits, smaller layers."""
+    argv = ["--target", "1x2x140GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "3"]
+    main([*argv, "--use_liger_kernel", "false"], {"DRY_RUN": "1"})
+    plain = capsys.readouterr().out
+    main([*argv, "--use_liger_kernel", "true"], {"DRY_RUN": "1"})
+    liger = capsys.readouterr().out
+    plan_line = lambda out: next(line for line in out.splitlines() if line.startswith("plan      "))
+    assert "Liger" not in plan_line(plain) and "fused linear cross-entropy (Liger)" not in plain
+    assert ", Liger" in plan_line(liger) and "fused linear cross-entropy (Liger)" in liger
+    gpu = lambda out: float(out.split("recipe    8b: ")[1].split(" GB per GPU")[0].split(": ")[-1])
+    assert gpu(plain) - gpu(liger) > 30
+
+
+def test_a_bad_gpu_mem_names_the_setting_not_a_plan_flag(capsys):
+    """GPU_MEM is the launcher's setting: its error says GPU_MEM and the size grammar (it used to be re-parsed as
+    `hf-zero3 plan --gpu-mem` and reported as that flag)."""
+    rc = main(["--target", "1x2", str(ROOT / "recipes" / "8b")], {"DRY_RUN": "1", "GPU_MEM": "40XB"})
+    err = capsys.readouterr().err
+    assert rc == 2 and "GPU_MEM=40XB: bad size '40XB'" in err and "80GiB" in err and "--gpu-mem" not in err

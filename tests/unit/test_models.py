@@ -7,7 +7,6 @@ import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_zero3 import recipes
-from hf_zero3.plan import shapes as models
 from hf_zero3.plan.shapes import (
     NAMED_SHAPES,
     ModelError,

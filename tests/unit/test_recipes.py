@@ -147,7 +147,7 @@ def test_slurm_script_parses():
 
 def _plans(recipe: Path):
     """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory."""
-    from hf_zero3.cli.plan import parse_size
+    from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.memory import Hardware, Training, choose, plan
     from hf_zero3.plan.shapes import load_shape
@@ -161,8 +161,10 @@ def _plans(recipe: Path):
     shape, seq = load_shape(recipe.name), values["block_size"]
     hardware = Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
     spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
-    ours = plan(shape, hardware, Training(seq, micro, accum), spec)
-    best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision).plan
+    liger = bool(values.get("use_liger_kernel"))
+    ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger), spec)
+    best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision,
+                  liger=liger).plan
     return ours, best
 
 

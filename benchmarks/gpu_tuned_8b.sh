@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The same-lease comparison behind benchmarks/llama3-8b_2xH200_<date>_tuned.md (issue 13), run from the repository
+# root on a 2-GPU box: a Llama-3-8B-shaped model with random weights (no download), sequence 4096, bf16, global
+# batch 12 x 4096 tokens for every config, 3 runs of each, interleaved:
+#   ours         recipe 8b v2 (written again from v1 or v2: the recipe's ZeRO-3 config + Liger, micro 3 x 2)
+#   zero2_liger  candidate: ds_configs/zero2.json (the generator's ZeRO-2) + Liger, micro 2 x accumulation 3
+#   stock_tuned, zero2_tuned, fsdp2_tuned   stock HF by hand (hf_zero3/bench.py: TUNED_MICRO_BATCH)
+# Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
+# A call cut short is continued with --resume and the same WORK_DIR (same machine).
+# Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
+# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15, for a short lease).
+# Smoke test on one GPU (checks the plumbing, not the speed): GPUS=1 TRAIN_OVERRIDES="--config_overrides
+# num_hidden_layers=4" bash benchmarks/gpu_tuned_8b.sh OUT WORK
+set -euo pipefail
+out=${1:-benchmarks}
+work=${2:-outputs/bench-8b-tuned}
+shift $(( $# < 2 ? $# : 2 ))
+arch=${TORCH_CUDA_ARCH_LIST:-}
+if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
+[ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
+from transformers import LlamaConfig
+LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
+PY
+python3 - <<'PY'
+import re
+import shutil
+from pathlib import Path
+
+from hf_zero3.config.build import build_ds_config
+from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render
+
+for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
+                                 ("8b-zero2-liger", STANDALONE_CONFIGS["zero2"], 2, 3)):
+    folder = Path("outputs/recipes") / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree("recipes/8b", folder)
+    (folder / "ds_config.json").write_text(render(build_ds_config(spec)))
+    text = (folder / "train_args.yaml").read_text()
+    text, n1 = re.subn(r"(?m)^per_device_train_batch_size: \d+$", f"per_device_train_batch_size: {micro}", text)
+    text, n2 = re.subn(r"(?m)^gradient_accumulation_steps: \d+$", f"gradient_accumulation_steps: {accum}", text)
+    text, n3 = re.subn(r"(?m)^use_liger_kernel: \w+$", "use_liger_kernel: true", text)
+    if not n3:
+        text, n3 = re.subn(r"(?m)^gradient_checkpointing: false$", "gradient_checkpointing: false\nuse_liger_kernel: true",
+                           text)
+    assert (n1, n2, n3) == (1, 1, 1), (name, n1, n2, n3)
+    (folder / "train_args.yaml").write_text(text)
+PY
+python3 -m hf_zero3 bench outputs/recipes/8b-zero3-liger --label llama3-8b --suffix tuned \
+  --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
+  --against stock_tuned,zero2_tuned,fsdp2_tuned --gpus "${GPUS:-2}" \
+  $([ "${ZERO2_LIGER:-1}" = 0 ] || echo --variant zero2_liger=outputs/recipes/8b-zero2-liger) \
+  --out "$out" --work-dir "$work" "$@" -- \
+  --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
+  --train_file assets/tiny/corpus/train.txt ${TRAIN_OVERRIDES:-}

@@ -1,0 +1,164 @@
+"""`hf-zero3 config new|check` and `hf-zero3 configs`: generate, validate and regenerate ds_configs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hf_zero3.argtypes import int_or_auto, output_file, positive_int
+
+
+def add_arguments(verbs) -> None:
+    """Register `config new`, `config check` and `configs` on the `hf-zero3` subparsers."""
+    from hf_zero3.config.presets import STANDALONE_CONFIGS
+
+    config = verbs.add_parser("config", help="generate or validate a ds_config").add_subparsers(
+        dest="action", required=True)
+    new = config.add_parser("new", help="print a ds_config built from options")
+    new.add_argument("--like", metavar="FILE", help="start from an existing ds_config (kept intent, fixed errors)")
+    new.add_argument("--preset", choices=sorted(STANDALONE_CONFIGS), help="start from a named config")
+    new.add_argument("--world-size", type=positive_int, help="with --like: make the implied micro batch explicit")
+    new.add_argument("--stage", type=int, choices=[0, 1, 2, 3])
+    new.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"])
+    new.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
+    new.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
+    new.add_argument("--nvme-path", help="directory on a local NVMe mount (for nvme offload)")
+    new.add_argument("--micro-batch", dest="micro_batch_size", type=int_or_auto)
+    new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int_or_auto)
+    new.add_argument("--global-batch", dest="global_batch_size", type=int_or_auto)
+    new.add_argument("--gradient-clipping", type=float)
+    new.add_argument("--sub-group-size", type=positive_int)
+    new.add_argument("--reduce-bucket-size", type=int_or_auto)
+    for flag in ("activation-checkpointing", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
+                 "gather-16bit-weights"):
+        new.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+    new.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
+    new.set_defaults(func=_config_new)
+
+    check = config.add_parser("check", help="validate a ds_config; every finding names its fix")
+    check.add_argument("file")
+    check.add_argument("--world-size", type=positive_int)
+    check.add_argument("--micro-batch", type=positive_int)
+    check.add_argument("--grad-accum", type=positive_int)
+    check.add_argument("--device", choices=["auto", "cpu", "cuda", "any"], default="auto",
+                       help="device the config will run on (auto: cuda if this machine has one, else skip device checks)")
+    check.set_defaults(func=_config_check)
+
+    configs = verbs.add_parser("configs", help="write every generated config (ds_configs/, recipes/*/)")
+    configs.add_argument("--root", default=".", help="repository root")
+    configs.add_argument("--check", action="store_true", help="fail if a committed config is stale")
+    configs.set_defaults(func=_configs)
+
+
+def _problems(error: ValueError) -> list[str]:
+    """A spec's validation error as one line per problem, without pydantic's type names and links."""
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return [str(error)]
+    return [(".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            + ("" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})") for e in error.errors()]
+
+
+def _config_new(args: argparse.Namespace) -> int:
+    from hf_zero3.config.build import build_ds_config, training_args_overrides
+    from hf_zero3.config.check import load_config
+    from hf_zero3.config.convert import spec_from_ds_config
+    from hf_zero3.config.presets import STANDALONE_CONFIGS, render
+    from hf_zero3.config.spec import ZeroSpec
+
+    notes: list[str] = []
+    if args.like:
+        try:
+            spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
+        except (FileNotFoundError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            print(f"error: cannot convert {args.like}: {'; '.join(_problems(e))}\nRun `hf-zero3 config check "
+                  f"{args.like}` for every finding with its fix", file=sys.stderr)
+            return 2
+        fields = spec.model_dump(exclude_unset=True)
+    elif args.preset:
+        fields = STANDALONE_CONFIGS[args.preset].model_dump(exclude_unset=True)
+    else:
+        fields = {}
+    for name in ("stage", "precision", "gradient_clipping", "micro_batch_size", "gradient_accumulation_steps",
+                 "global_batch_size", "sub_group_size", "reduce_bucket_size"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    for name in ("offload_optimizer", "offload_param"):
+        device = getattr(args, name)
+        if device is not None:
+            fields[name] = {"device": device, **({"nvme_path": args.nvme_path} if device == "nvme" else {})}
+        elif args.nvme_path and fields.get(name, {}).get("device") == "nvme":
+            fields[name] = {**fields[name], "nvme_path": args.nvme_path}
+    for flag, name in (("activation_checkpointing", "activation_checkpointing"),
+                       ("wall_clock_breakdown", "wall_clock_breakdown"),
+                       ("overlap_comm", "overlap_comm"), ("contiguous_gradients", "contiguous_gradients"),
+                       ("gather_16bit_weights", "gather_16bit_weights_on_save")):
+        if getattr(args, flag) is not None:
+            fields[name] = getattr(args, flag)
+    for name in ("offload_optimizer", "offload_param"):
+        if fields.get(name, {}).get("device") == "nvme" and not fields[name].get("nvme_path"):
+            print(f"error: --{name.replace('_', '-')} nvme needs --nvme-path DIR: a directory on a local NVMe mount",
+                  file=sys.stderr)
+            return 2
+    try:
+        spec = ZeroSpec(**fields)
+    except ValueError as e:
+        print("\n".join(f"error: {line}" for line in _problems(e)), file=sys.stderr)
+        return 2
+    text = render(build_ds_config(spec))
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            print(f"error: cannot write {args.output}: {e.strerror}: choose a path you can write to", file=sys.stderr)
+            return 2
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    overrides = training_args_overrides(spec)
+    if overrides:
+        print("pass with TrainingArguments: " + " ".join(f"--{k} {json.dumps(v) if isinstance(v, dict) else v}"
+                                                         for k, v in overrides.items()), file=sys.stderr)
+    return 0
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from hf_zero3.config.check import check_ds_config, has_errors, load_config
+
+    try:
+        config = load_config(args.file)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ERROR   {e}")
+        return 1
+    device = args.device
+    if device == "auto":
+        import torch
+
+        # A login node without GPUs says nothing about where the job runs: skip device checks there.
+        device = "cuda" if torch.cuda.is_available() else "any"
+    findings = check_ds_config(config, world_size=args.world_size, micro_batch=args.micro_batch,
+                               grad_accum=args.grad_accum, device=None if device == "any" else device)
+    for finding in findings:
+        print(finding)
+    errors = sum(f.level == "error" for f in findings)
+    print(f"{args.file}: {errors} error(s), {len(findings) - errors} note(s)")
+    return 1 if has_errors(findings) else 0
+
+
+def _configs(args: argparse.Namespace) -> int:
+    from hf_zero3.config.presets import stale_configs, write_configs
+
+    root = Path(args.root)
+    if args.check:
+        stale = stale_configs(root)
+        for path in stale:
+            print(f"stale: {path} (run `make configs`)")
+        return 1 if stale else 0
+    for path in write_configs(root):
+        print(f"wrote {path}")
+    return 0

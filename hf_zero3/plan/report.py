@@ -1,0 +1,110 @@
+"""The planner's answer as people and scripts read it: the options table, the breakdown, the JSON, the overrides.
+
+Shared by `hf-zero3 plan` and the launcher's dry run, which ask the planner with objects and print the same.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hf_zero3.plan.memory import gb
+
+
+def rows(choice) -> list:
+    """One row per option (stage, offload, checkpointing): its largest fitting micro batch, else its smallest."""
+    rows: dict = {}
+    for p in choice.tried:  # cheapest first, so within an option the largest micro batch comes first
+        spec = p.spec
+        key = (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.activation_checkpointing)
+        if key not in rows or not rows[key].fits:
+            rows[key] = p
+    return list(rows.values())
+
+
+PHASE_TAGS = {"always": "", "backward": " [backward]", "step": " [optimizer step]"}
+"""GPU terms of one phase never coexist with the other's: the total counts the larger phase only."""
+
+
+def terms_json(plan) -> dict:
+    return {where: [{"name": t.name, "bytes": t.bytes, "formula": t.formula, "kind": t.kind,
+                     **({"allocator": t.allocator, "phase": t.phase} if where == "gpu" else {})} for t in terms]
+            for where, terms in plan.breakdown.items()}
+
+
+def plan_json(p) -> dict:
+    return {"option": p.label, "stage": p.spec.stage, "offload_optimizer": p.spec.offload_optimizer.device,
+            "offload_param": p.spec.offload_param.device, "checkpointing": p.spec.activation_checkpointing,
+            "micro_batch": p.training.micro_batch, "grad_accum": p.training.grad_accum,
+            "gpu_bytes": p.gpu_bytes, "gpu_allocated_bytes": p.gpu_allocated_bytes, "host_bytes": p.host_bytes,
+            "nvme_bytes": p.nvme_bytes, "fits": p.fits, "problems": p.problems(), "notes": list(p.notes)}
+
+
+def shown_plan(choice):
+    """The plan whose breakdown is shown: the choice, else the first that fits the GPUs, else the most frugal."""
+    return choice.plan or next((p for p in choice.tried if p.fits_gpu), None) or min(
+        choice.tried, key=lambda p: p.gpu_bytes)
+
+
+def print_tables(shape, hardware, seq_len, choice, out) -> None:
+    detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
+    host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
+    nvme = f"{gb(hardware.nvme_free)} free at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
+    out(f"model     {shape.name}: {shape.params / 1e9:.2f}B params (L{shape.layers} H{shape.hidden} ffn{shape.ffn} "
+        f"heads{shape.heads} kv{shape.kv_heads} vocab{shape.vocab}), seq {seq_len}")
+    out(f"hardware  {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs x {gb(hardware.gpu_mem)}; host RAM "
+        f"{host}; NVMe {nvme}{detected}")
+    out("")
+    out(f"{'option, cheapest first':68} {'micro x acc':>11} {'per GPU':>10} {'host/node':>12} {'NVMe/node':>10}"
+        "  fits")
+    for p in rows(choice):
+        fits = "yes" if p.fits else "no: " + ", ".join(x.split(" needs")[0] for x in p.problems())
+        out(f"{p.label:68} {p.training.micro_batch:>5} x {p.training.grad_accum:<4}{gb(p.gpu_bytes):>10} "
+            f"{gb(p.host_bytes):>12} {gb(p.nvme_bytes):>10}  {fits}")
+    out("")
+    shown = shown_plan(choice)
+    if choice.fits:
+        t = shown.training
+        out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x "
+            f"{hardware.world_size} GPUs = global batch {t.micro_batch * t.grad_accum * hardware.world_size}")
+        if hardware.host_ram is None:
+            out(f"          needs {gb(shown.host_bytes)} host RAM per node (not checked: pass --host-ram)")
+    else:
+        out(f"result    {choice.advice}")
+        out(f"closest   {shown.label} (micro batch {shown.training.micro_batch}): " + "; ".join(shown.problems()))
+    for note in shown.notes:
+        out(f"note      {note}")
+    if "gpu_mem" not in hardware.detected and hardware.gpu_mem % 10**9 == 0:
+        size = hardware.gpu_mem // 10**9
+        out(f"note      {size}GB is {size} x 10^9 bytes; a GPU sold as {size}GB has about {size} GiB "
+            f"({size * 2**30 / 1e9:.1f} GB, what torch reports): pass --gpu-mem {size}GiB to plan for all of it")
+    limits = {"gpu": ("per GPU", hardware.gpu_mem), "host": ("host RAM per node", hardware.host_ram),
+              "nvme": ("NVMe per node", hardware.nvme_free)}
+    for where, terms in shown.breakdown.items():
+        if not any(t.bytes for t in terms):
+            continue
+        title, limit = limits[where]
+        out("")
+        out(f"{title + (f' (of {gb(limit)})' if limit else ''):54} {'GB':>9}  formula")
+        for term in terms:
+            name = term.name + PHASE_TAGS[term.phase] if where == "gpu" else term.name
+            out(f"  {name:52} {term.bytes / 1e9:9.2f}  {term.formula}")
+        extra = ""
+        if where == "gpu":
+            extra = (f"  held throughout + the {PHASE_TAGS[shown.peak_phase].strip()} terms (the larger phase); "
+                     f"torch.cuda.max_memory_allocated predicted: {gb(shown.gpu_allocated_bytes)}")
+        out(f"  {'total':52} {shown.total(where) / 1e9:9.2f}{extra}")
+
+
+def shell_value(value) -> str:
+    """A TrainingArguments value as typed on a command line."""
+    if isinstance(value, dict):
+        return "'" + json.dumps(value) + "'"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def print_choice(shape, hardware, seq_len, choice, out=print) -> None:
+    """The tables, then the TrainingArguments of the choice as command-line overrides."""
+    print_tables(shape, hardware, seq_len, choice, out)
+    if choice.fits:
+        out("")
+        out("TrainingArguments: " + " ".join(f"--{k} {shell_value(v)}" for k, v in choice.training_args.items()))

@@ -1,0 +1,88 @@
+"""The facts of one run, worked out once from its arguments: everyone else asks here.
+
+Why: micro batch x accumulation x world size was recomputed in ten places, precision (bf16/fp16/fp32) in three
+and the attention clamp in two, each with its own defaults, and they drifted (one ignored fp16, one hard-coded
+micro batch 8). `RunFacts` is built from the parsed TrainingArguments (the train entry, callbacks) or from the
+argument dict of a YAML + overrides (the launcher's dry run, bench), with the dataclasses' own defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+
+def planned_attention(name: str | None) -> str:
+    """The planner's attention for a model's `attn_implementation`: anything it does not model (None, flex, a
+    custom kernel) is planned as sdpa."""
+    from hf_zero3.plan.memory import ATTENTIONS
+
+    return name if name in ATTENTIONS else "sdpa"
+
+
+def precision_of(bf16: Any, fp16: Any) -> str:
+    """bf16, fp16 or fp32 from TrainingArguments' two switches (both on is refused before a run starts)."""
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run is, independent of where it runs (the world size comes with the question)."""
+
+    precision: str
+    attention: str
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    from_scratch: bool
+    activation_checkpointing: bool = False
+    liger: bool = False
+
+    def global_batch(self, world_size: int) -> int:
+        """Sequences per optimizer step over all ranks."""
+        return self.micro_batch * self.grad_accum * world_size
+
+    def describe(self, world_size: int) -> str:
+        return (f"micro batch {self.micro_batch} x accumulation {self.grad_accum} x {world_size} ranks = global "
+                f"batch {self.global_batch(world_size)}")
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> RunFacts:
+        """From `load_arguments`' dict (YAML + overrides, coerced); what it leaves out takes the dataclass default."""
+        from hf_zero3.run.data import DataArguments
+        from hf_zero3.run.train import TrainingArguments
+
+        defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}
+
+        def get(key: str) -> Any:
+            return values.get(key, defaults.get(key))
+
+        return cls(precision=precision_of(get("bf16"), get("fp16")),
+                   attention=planned_attention(values.get("attn_implementation")),
+                   micro_batch=int(get("per_device_train_batch_size")),
+                   grad_accum=int(get("gradient_accumulation_steps")),
+                   seq_len=int(get("block_size")),
+                   from_scratch=not values.get("model_name_or_path"),
+                   activation_checkpointing=bool(get("gradient_checkpointing")),
+                   liger=bool(get("use_liger_kernel")))
+
+    @classmethod
+    def from_args(cls, training_args: Any, seq_len: int, model_config: Any = None,
+                  from_scratch: bool = False) -> RunFacts:
+        """From parsed TrainingArguments (and the loaded model's config for the attention kernel it runs)."""
+        return cls(precision=precision_of(training_args.bf16, training_args.fp16),
+                   attention=planned_attention(getattr(model_config, "_attn_implementation", None)),
+                   micro_batch=training_args.per_device_train_batch_size,
+                   grad_accum=training_args.gradient_accumulation_steps,
+                   seq_len=seq_len, from_scratch=from_scratch,
+                   activation_checkpointing=bool(training_args.gradient_checkpointing),
+                   liger=bool(getattr(training_args, "use_liger_kernel", False)))
+
+
+def global_batch_of(training_args: Any) -> int:
+    """Sequences per optimizer step of a running Trainer, over its own world size (for callbacks)."""
+    return (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+            * training_args.world_size)

@@ -1,0 +1,72 @@
+"""`hf-zero3 bench` variants and report, without running anything: the hand-tuned baselines are what their
+docstring says, every variant trains the recipe's global batch, and repeats are reported with their spread."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_zero3.ops.bench import STOCK_ZERO3, TUNED_MICRO_BATCH, aggregate, build_variants, render_report
+from tests.conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "8b"
+
+
+def _value(overrides: list[str], key: str) -> str:
+    return overrides[len(overrides) - 1 - overrides[::-1].index(key) + 1]  # the last one given wins
+
+
+def test_tuned_baselines_run_the_stock_templates_with_the_trainers_optimizer_and_no_checkpointing():
+    variants = {v.name: v for v in build_variants(RECIPE, ["stock_tuned", "zero2_tuned", "fsdp2_tuned"], False, True,
+                                                   global_batch=12, gpus=2)}
+    assert list(variants) == ["ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned"]
+    stock, zero2, fsdp2 = variants["stock_tuned"], variants["zero2_tuned"], variants["fsdp2_tuned"]
+    assert stock.ds_config == {k: v for k, v in STOCK_ZERO3.items() if k not in ("optimizer", "scheduler")}
+    assert zero2.ds_config["zero_optimization"]["stage"] == 2
+    assert "optimizer" not in zero2.ds_config and "scheduler" not in zero2.ds_config
+    assert "offload_optimizer" not in zero2.ds_config["zero_optimization"]
+    assert fsdp2.launcher == "torchrun" and fsdp2.ds_config is None
+    assert json.loads(_value(fsdp2.overrides, "--fsdp_config"))["activation_checkpointing"] is False
+    for variant in (stock, zero2, fsdp2):
+        micro = int(_value(variant.overrides, "--per_device_train_batch_size"))
+        accum = int(_value(variant.overrides, "--gradient_accumulation_steps"))
+        assert micro == TUNED_MICRO_BATCH[variant.name] and micro * accum * 2 == 12
+        assert _value(variant.overrides, "--gradient_checkpointing") == "false"
+        assert _value(variant.overrides, "--use_liger_kernel") == "false"
+        assert _value(variant.overrides, "--optim") == "adamw_torch_fused"
+
+
+def test_a_global_batch_the_tuned_micro_batch_does_not_divide_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="global batch 9 is not a multiple of 4"):
+        build_variants(RECIPE, ["stock_tuned"], False, True, global_batch=9, gpus=2)
+
+
+def test_other_recipe_folders_run_with_their_own_yaml_and_config(tmp_path):
+    (tmp_path / "train_args.yaml").write_text("block_size: 64\n")
+    (tmp_path / "ds_config.json").write_text('{"zero_optimization": {"stage": 2}}')
+    variants = build_variants(RECIPE, [], False, True, others={"z2": tmp_path})
+    assert [v.name for v in variants] == ["ours", "z2"]
+    assert variants[1].recipe_dir == tmp_path and variants[1].ds_config == {"zero_optimization": {"stage": 2}}
+
+
+def _run(tokens: float, peak: float) -> dict:
+    return {"tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tokens / 20, "mfu": tokens / 20000, "step_time_s": 1.0,
+            "ds_fwd_ms": None, "ds_bwd_ms": None, "ds_step_ms": None, "gpu_peak_allocated_gb": peak,
+            "gpu_peak_reserved_gb": peak + 1, "host_rss_gb": 2.0, "final_loss": 11.0, "steps_measured": 4}
+
+
+def test_repeats_report_medians_spread_and_each_run():
+    ours = aggregate([_run(10000, 110), _run(9000, 112), _run(10400, 111)])
+    stock = aggregate([_run(8000, 120), {"error": "exit 1: OOM"}, _run(7000, 121)])
+    assert ours["tokens_per_s_per_gpu"] == 10000 and ours["gpu_peak_allocated_gb"] == 112
+    assert stock["tokens_per_s_per_gpu"] == 7500  # median of the two that ran
+    meta = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096,
+            "global_batch": 12, "steps": 4, "warmup": 2, "repeats": 3, "commands": ["hf-zero3 bench 8b"], "configs": {}}
+    text = render_report(meta, {"ours": ours, "stock_tuned": stock})
+    assert "| ours | 10000 | 500.0 | 50.0% | 112.00 |" in text and text.count("| 3: 9000-10400 |") == 1
+    assert "| 2: 7000-8000 (1 failed) |" in text
+    assert "ours / stock_tuned: 1.33x tokens/s" in text
+    assert "| ours | 2 | 9000 |" in text and "| stock_tuned | 2 | failed: exit 1: OOM |" in text
+    assert "3 run(s) per config" in text
+    assert aggregate([{"error": "exit 1: x"}])["error"] == "exit 1: x"
