@@ -553,6 +553,16 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
 
 def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
+    values = load_arguments(argv)
+    on_cpu = bool(values.get("use_cpu")) or not cuda_available()
+    if on_cpu:
+        values["use_cpu"] = True
+        if values.get("use_liger_kernel"):  # Liger's kernels are Triton GPU kernels; the same recipe runs on CPU
+            print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
+            values["use_liger_kernel"] = False
+    check_inputs(values, device="cpu" if on_cpu else "cuda")
+
+    # Imported once the inputs are known good: the Trainer and the callbacks take seconds to import.
     from transformers import Trainer, default_data_collator, set_seed
 
     from hf_zero3.callbacks import (
@@ -564,14 +574,6 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, write_finished
     from hf_zero3.run.data import build_datasets
 
-    values = load_arguments(argv)
-    on_cpu = bool(values.get("use_cpu")) or not cuda_available()
-    if on_cpu:
-        values["use_cpu"] = True
-        if values.get("use_liger_kernel"):  # Liger's kernels are Triton GPU kernels; the same recipe runs on CPU
-            print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
-            values["use_liger_kernel"] = False
-    check_inputs(values, device="cpu" if on_cpu else "cuda")
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
