@@ -134,6 +134,8 @@ CONFIG_NEW = [
         ["line 1, column 35", "hf-zero3 config check"]),
     cli("new-like-stage-4", "config new --like {I}/stage4.json", ["stage", "less than or equal to 3", "got 4"],
         ["hf-zero3 config check"]),
+    cli("new-like-unreadable", "config new --like {I}/unreadable.json", ["unreadable.json", "cannot be read"],
+        ["permissions"]),
     cli("new-like-a-folder", "config new --like {S}", ["{S} is a folder"], ["JSON file"]),
     cli("new-stage-5", "config new --stage 5", ["--stage", "5"], ["choose from 0, 1, 2, 3"]),
     cli("new-micro-batch-0", "config new --micro-batch 0", ["--micro-batch", "'0'"], ["positive integer"]),
@@ -163,6 +165,8 @@ PLAN = [
         ["folder with config.json"]),
     cli("plan-model-folder-without-config", f"plan --model {{S}}/checkpoint-4/global_step4 {HW}",
         ["global_step4"], ["folder with config.json"]),
+    cli("plan-model-config-unreadable", f"plan --model {{I}}/unreadable_model {HW}", ["unreadable_model"],
+        ["folder with config.json"]),
     cli("plan-model-a-json-file", f"plan --model {{I}}/stage4.json {HW}", ["stage4.json"],
         ["folder with config.json"]),
     cli("plan-gpu-mem-no-unit", "plan --model tiny --gpus 1 --gpu-mem 40", ["--gpu-mem", "'40'"], ["with a unit"]),
@@ -208,6 +212,9 @@ DOCTOR = [
     cli("doctor-hostfile-no-hosts", "doctor --hostfile {I}/hostfile_comments", ["no hosts"], ["add one line"]),
     cli("doctor-hostfile-slots-a-word", "doctor --hostfile {I}/hostfile_slots_word", ["'localhost slots=two'"],
         ["slots="]),
+    cli("doctor-hostfile-unreadable", "doctor --hostfile {I}/unreadable_hostfile", ["unreadable_hostfile",
+                                                                                     "cannot read hostfile"],
+        ["pass a readable DeepSpeed hostfile"]),
     cli("doctor-hostfile-a-folder", "doctor --hostfile {S}", ["{S}", "Is a directory"],
         ["pass a readable DeepSpeed hostfile"]),
     cli("doctor-ranks-0", "doctor --ranks 0", ["--ranks", "'0'"], ["positive integer"]),
@@ -278,11 +285,13 @@ PUSH = [
     cli("push-a-file", "push {S}/config.json --repo-id org/m", ["config.json", "not a folder"], ["hf-zero3 export"]),
     cli("push-config-without-weights", "push {I}/no_weights --repo-id org/m", ["no model.safetensors"],
         ["hf-zero3 export"]),
+    cli("push-unreadable-weights", "push {I}/unreadable_weights --repo-id org/m", ["model.safetensors", "unreadable"],
+        ["hf-zero3 export"]),
     cli("push-truncated-weights", "push {I}/truncated --repo-id org/m", ["model.safetensors is unreadable"],
         ["hf-zero3 export"]),
     sub("push-connection-refused", "hf-zero3 push {S}/export --repo-id org/m", ["cannot reach", "Connection refused"],
         ["HF_ENDPOINT"], env={"HF_ENDPOINT": "http://127.0.0.1:{PORT}", "HF_TOKEN": "hf_not_a_token",
-                              "HF_HUB_OFFLINE": None}),
+                              "HF_HUB_OFFLINE": None, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1"}),
     sub("push-offline", "hf-zero3 push {S}/export --repo-id org/m", ["HF_HUB_OFFLINE"], ["unset it"],
         env={"HF_HUB_OFFLINE": "1"}),
 ]
@@ -320,6 +329,8 @@ TRAIN_ROWS = [
         ["fp16 is not supported on CPU"], ["drop --fp16", "--bf16 true"]),
     sub("train-missing-train-file", [*TRAIN, "--output_dir", "{N}", *SHORT, "--train_file", "{I}/no_such_train.txt"],
         ["no_such_train.txt", "does not exist"], ["fix the path"]),
+    sub("train-train-file-unreadable", [*TRAIN, "--output_dir", "{N}", *SHORT, "--train_file", "{I}/unreadable.txt"],
+        ["unreadable.txt", "cannot be read"], ["permissions"]),
     sub("train-model-folder-without-config", [*TRAIN, "--output_dir", "{N}", *SHORT, "--model_name_or_path",
                                               "{S}/checkpoint-4/global_step4"], ["has no config.json"],
         ["point it at the folder save_pretrained wrote"]),
@@ -355,6 +366,8 @@ LAUNCH_ROWS = [
         ["HOSTS="], env={"HOSTFILE": "{I}/no_such_hostfile"}),
     sub("launch-hostfile-a-folder", [*LAUNCH, "--output_dir", "{N}"], ["{S}", "Is a directory"],
         ["pass a readable DeepSpeed hostfile"], env={"HOSTFILE": "{S}"}),
+    sub("launch-hostfile-unreadable", [*LAUNCH, "--output_dir", "{N}"], ["unreadable_hostfile", "cannot read"],
+        ["pass a readable DeepSpeed hostfile"], env={"HOSTFILE": "{I}/unreadable_hostfile"}),
     sub("launch-hostfile-spaces", [*LAUNCH, "--output_dir", "{N}"], ["'localhost slots = 2'"],
         ["write `localhost slots=2`"], env={"HOSTFILE": "{I}/hostfile_spaces"}),
     sub("launch-too-few-slots", [*LAUNCH, "--output_dir", "{N}"], ["gives localhost 1 slot(s)"],
@@ -552,7 +565,10 @@ def inputs(tmp_path_factory) -> dict:
     shutil.copy(model / "config.json", folder / "truncated" / "config.json")
     (folder / "truncated" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     unreadable = True
-    for name in ("unreadable.json", "unreadable.yaml"):
+    (folder / "unreadable_weights").mkdir()
+    shutil.copy(model / "config.json", folder / "unreadable_weights" / "config.json")
+    for name in ("unreadable.json", "unreadable.yaml", "unreadable.txt", "unreadable_hostfile",
+                 "unreadable_model/config.json", "unreadable_weights/model.safetensors"):
         try:
             make_unreadable(folder / name)
         except pytest.skip.Exception:
@@ -599,8 +615,12 @@ def verdict(row: Row, rc, out: str, err: str, sentinel_changes: list[str], fresh
                           f"\n--- stderr (tail)\n{err[-3000:]}")
 
 
+def uses_unreadable(row: Row) -> bool:
+    return any("unreadable" in str(a) for a in (*row.argv, *row.env.values()))
+
+
 def needs_unreadable(row: Row, inputs: dict) -> None:
-    if any("unreadable" in a for a in row.argv) and not inputs["unreadable"]:
+    if uses_unreadable(row) and not inputs["unreadable"]:
         pytest.skip("no unreadable file can be made on this machine")
 
 
@@ -636,12 +656,12 @@ class Pool:
     """Runs every subprocess row on a small thread pool; each row's result carries the sentinel's changes seen
     right after it ended, and the rows that were running meanwhile."""
 
-    def __init__(self, sentinel: Sentinel, inputs: dict, root: Path):
+    def __init__(self, sentinel: Sentinel, inputs: dict, root: Path, rows: list[Row]):
         self.sentinel, self.inputs, self.root = sentinel, inputs, root
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=WORKERS)
-        self.futures = {row.id: self.executor.submit(self._run, row) for row in sorted(SUBPROCESS, key=self.cost)}
+        self.futures = {row.id: self.executor.submit(self._run, row) for row in sorted(rows, key=self.cost)}
 
     @staticmethod
     def cost(row: Row) -> int:
@@ -651,7 +671,7 @@ class Pool:
         return 1
 
     def _run(self, row: Row):
-        if any("unreadable" in a for a in row.argv) and not self.inputs["unreadable"]:
+        if uses_unreadable(row) and not self.inputs["unreadable"]:
             return None
         fresh = self.root / row.id
         fresh.mkdir()
@@ -678,8 +698,10 @@ class Pool:
 
 
 @pytest.fixture(scope="module")
-def pool(sentinel, inputs, tmp_path_factory):
-    pool = Pool(sentinel, inputs, tmp_path_factory.mktemp("fresh"))
+def pool(sentinel, inputs, tmp_path_factory, request):
+    selected = [item.callspec.params["row"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_subprocess"]  # -k runs only those
+    pool = Pool(sentinel, inputs, tmp_path_factory.mktemp("fresh"), selected)
     yield pool
     pool.executor.shutdown(wait=True, cancel_futures=True)
 
