@@ -118,7 +118,7 @@ def get(name_or_folder: str | os.PathLike) -> Recipe:
     """Like `find`, but an unknown recipe or a folder missing a part is an error naming the recipes there are."""
     recipe = find(name_or_folder)
     if recipe is None:
-        raise RecipeError(f"{name_or_folder} is not a recipe: use one of {', '.join(names())} or a folder holding "
+        raise RecipeError(f"{name_or_folder} is not a recipe folder: use one of {', '.join(names())} or a folder holding "
                           f"{', '.join(FILES)}")
     if missing := [m for m in recipe.missing() if m in ("train_args.yaml", "ds_config.json")]:
         raise RecipeError(f"{recipe.folder} is not a complete recipe folder: {', '.join(missing)} missing (copy a "

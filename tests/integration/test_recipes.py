@@ -165,5 +165,7 @@ def test_make_names_the_recipes_when_one_is_missing():
 def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():
     proc = make("plan-tiny", GPU_MEM="8GB")  # the tiny recipe builds its model from a config
     assert proc.returncode == 0, explain(proc)
-    assert "--precision fp32 --attention sdpa --from-scratch --gpu-mem 8GB" in proc.stdout
+    assert "2 GPUs, seq 128, micro batch 8 x accumulation 1 x 2 ranks = global batch 16, fp32, sdpa, from scratch" \
+        in proc.stdout and "1 node(s) x 2 GPUs x 8.0 GB" in proc.stdout, proc.stdout
+    assert "(4 B x 1.0M (each rank loads the whole model))" in proc.stdout  # fp32 loading, planned
     assert "recipe    tiny: ZeRO-3, micro batch 8:" in proc.stdout
