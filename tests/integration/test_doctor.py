@@ -126,7 +126,7 @@ def test_input_files_are_checked_before_any_check_runs(tmp_path, capsys):
         (["--hostfile", str(tmp_path)], [f"error: --hostfile: cannot read hostfile {tmp_path}: Is a directory"]),
         (["--config", str(binary), "--hostfile", str(tmp_path / "none")],
          [f"error: --config: ds_config {binary} is not text", f"cannot read hostfile {tmp_path / 'none'}: No such file"]),
-        (["--config", str(tmp_path)], [f"error: --config: ds_config {tmp_path} not found"]),
+        (["--config", str(tmp_path)], [f"error: --config: ds_config {tmp_path} is a folder"]),
     ):
         code = cli_main(["doctor", *args])
         out, err = capsys.readouterr()
