@@ -55,3 +55,12 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Stop gloo's threads before the interpreter exits: alive at exit they can abort the process after a good run
+    # (seen once here as exit 250). main()'s frame, and with it the ZeRO-3 model holding the group, is gone now.
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
