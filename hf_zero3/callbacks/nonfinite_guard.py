@@ -33,7 +33,7 @@ class NonFiniteGuardCallback(TrainerCallback):
 
     def __init__(self, patience: int = 3):
         if patience < 0:
-            raise ValueError(f"patience must be >= 0, got {patience}")
+            raise ValueError(f"stop_after_nonfinite_steps must be >= 0 (0: never stop), got {patience}")
         self.patience = patience
         self.in_a_row = 0
         self.nonfinite_steps = 0

@@ -588,7 +588,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
                                                  max_positions=model.config.max_position_embeddings)
     try:
         callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size), *extra_callbacks]
-    except CheckpointError as e:  # e.g. push_to_hub without a usable hub_model_id
+    except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
     # took these settings above): the Trainer's own rotation and push (which would create the Hub repo in its
