@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 14: the recipes proven on 2 x H200 (run from the repository root on the GPU box; Llama-2 shapes with random
+# weights, seq 4096, bf16). Each proof runs benchmarks/recipe_proof.py: `hf-zero3 bench` of the configuration plus
+# this node's host RAM, written against the planner's prediction to OUT/<name>_proof.json.
+#   PART=a  7b on 1 GPU and 13b on 2 GPUs, each with the planner's choice for that hardware, 20 measured steps
+#           (~3.5 min incl. start-up)
+#   PART=b  70b layer-scaled: the recipe's exact ds_config (optimizer offload + checkpointing) at Llama-2-70B's
+#           width with 2, 4 and 8 layers on 2 GPUs, micro 1 x accumulation 2, 6 measured steps (~5 min incl. the
+#           one-time CPU Adam build)
+# Usage: PART=a|b|ab bash benchmarks/gpu_recipes_proof.sh OUT_DIR [WORK_DIR]
+set -uo pipefail
+out=${1:?OUT_DIR}
+work=${2:-outputs/proof}
+part=${PART:-ab}
+host_ram=$(awk '/MemTotal/ {printf "%dKiB", $2}' /proc/meminfo)
+proof() { timeout "$1" python3 benchmarks/recipe_proof.py --out "$out" --work "$work" --host-ram "$host_ram" \
+            --gpu-mem 141GiB "${@:2}" > "$out/${PROOF_NAME}.log" 2>&1; echo "$PROOF_NAME exit $?" | tee -a "$out/proofs.txt"; }
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
+if [[ $part == *a* ]]; then
+  PROOF_NAME=7b proof 150 --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140
+  PROOF_NAME=13b proof 170 --recipe 13b --gpus 2 --steps 20 --warmup 3 --run-timeout 160
+fi
+if [[ $part == *b* ]]; then
+  for layers in 2 4 8; do
+    PROOF_NAME=70b-${layers}L proof 150 --recipe 70b --gpus 2 --layers "$layers" --as-shipped --accum 2 \
+      --steps 6 --warmup 2 --breakdown --run-timeout 140
+  done
+fi

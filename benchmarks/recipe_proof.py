@@ -1,0 +1,212 @@
+"""A recipe proven on the GPUs at hand (issue 14): the planner's configuration for this hardware (or the recipe's
+own ds_config with `--as-shipped`), a Llama-2-shaped model with random weights (layer-scaled with `--layers`),
+`hf-zero3 bench` for tokens/s, MFU and peak GPU memory, and this node's host RAM sampled meanwhile; then the
+measurement against the planner's prediction for the same run, written to <out>/<name>_proof.json.
+
+  python benchmarks/recipe_proof.py --recipe 7b --gpus 1 --gpu-mem 141GiB --host-ram 256GiB --steps 20 \
+      --out DIR --work WORK [--as-shipped] [--layers 4] [--accum 2] [--against stock_tuned] [--tag NAME]
+
+Host RAM is MemTotal - MemAvailable of the whole node (page cache excluded), peak minus its value before the
+launch; the planner's host figure is per node too. GPU memory is torch.cuda.max_memory_allocated, max over ranks.
+On CPU (`--cpu`, CI-sized: the tiny recipe) it checks the plumbing only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf_zero3.argtypes import parse_size  # noqa: E402
+from hf_zero3.config.build import build_ds_config, training_args_overrides  # noqa: E402
+from hf_zero3.config.presets import RECIPE_CONFIGS  # noqa: E402
+from hf_zero3.config.spec import ZeroSpec  # noqa: E402
+from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
+from hf_zero3.plan.shapes import NAMED_SHAPES, with_changes  # noqa: E402
+from hf_zero3.recipes import get as get_recipe  # noqa: E402
+from hf_zero3.run.train import load_arguments  # noqa: E402
+
+GiB = 1024**3
+
+
+def meminfo_used() -> int:
+    fields = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, value = line.split(":", 1)
+        fields[name] = int(value.split()[0]) * 1024
+    return fields["MemTotal"] - fields["MemAvailable"]
+
+
+class HostPeak(threading.Thread):
+    """Peak host RAM in use on this node while the bench runs, minus the value before it started."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.interval, self.baseline = interval, meminfo_used()
+        self.peak, self.stopped = self.baseline, threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(self.interval):
+            self.peak = max(self.peak, meminfo_used())
+
+    def stop(self) -> int:
+        self.stopped.set()
+        self.join()
+        return self.peak - self.baseline
+
+
+def write_model_config(shape, folder: Path) -> None:
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
+                num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                max_position_embeddings=max(shape.max_positions, 4096), tie_word_embeddings=False,
+                bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained(folder)
+
+
+def liger_installed() -> bool:
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--gpu-mem", type=parse_size, default=parse_size("141GiB"))
+    ap.add_argument("--host-ram", type=parse_size, required=True)
+    ap.add_argument("--layers", type=int, help="layer-scaled: this many layers at the recipe's exact width")
+    ap.add_argument("--as-shipped", action="store_true", help="the recipe's ds_config, not the planner's choice")
+    ap.add_argument("--micro", type=int, help="with --as-shipped: the micro batch (default: the recipe's)")
+    ap.add_argument("--accum", type=int, help="with --as-shipped: the accumulation (default: the recipe's)")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--against", default="")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--run-timeout", type=int, default=0)
+    ap.add_argument("--tag", help="name of this proof (default: <recipe>[-<layers>L])")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--cpu", action="store_true", help="plumbing check on CPU: the tiny shape, fp32, tiny sizes")
+    args = ap.parse_args(argv)
+
+    recipe = get_recipe(args.recipe)
+    name = args.tag or (f"{args.recipe}-{args.layers}L" if args.layers else args.recipe)
+    shape = NAMED_SHAPES[args.recipe]() if args.recipe in NAMED_SHAPES else NAMED_SHAPES["tiny"]()
+    if args.layers:
+        shape = with_changes(shape, layers=args.layers, name=f"{shape.name}-{args.layers}L")
+    work = args.work / name
+    shutil.rmtree(work, ignore_errors=True)
+    model_dir, variant_dir = work / "model", work / "recipe"
+    write_model_config(shape, model_dir)
+    shutil.copytree(recipe.folder, variant_dir)
+    hardware = Hardware(nodes=1, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem, host_ram=args.host_ram)
+    liger = liger_installed() and not args.cpu
+    precision = "fp32" if args.cpu else "bf16"
+
+    if args.as_shipped:
+        values = load_arguments([str(recipe.folder / "train_args.yaml")])
+        micro = args.micro or values.get("per_device_train_batch_size", 1)
+        accum = args.accum or values.get("gradient_accumulation_steps", 1)
+        liger = bool(values.get("use_liger_kernel")) and liger
+        spec = ZeroSpec(**{**RECIPE_CONFIGS[args.recipe].model_dump(exclude_unset=True), "precision": precision,
+                           "activation_checkpointing": bool(values.get("gradient_checkpointing"))})
+        planned = plan(shape, hardware, Training(args.seq_len, micro, accum, load_bytes=4, liger=liger), spec)
+        overrides = ["--per_device_train_batch_size", str(micro), "--gradient_accumulation_steps", str(accum)]
+        how = "the recipe's ds_config as shipped"
+    else:
+        choice = choose(shape, hardware, args.seq_len, precision=precision, load_bytes=4, liger=liger)
+        if not choice.fits:
+            print(f"error: the planner finds nothing that fits: {choice.advice}", file=sys.stderr)
+            return 2
+        planned = choice.plan
+        (variant_dir / "ds_config.json").write_text(json.dumps(choice.ds_config, indent=2))
+        overrides = []
+        for key, value in choice.training_args.items():
+            overrides += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value).lower()
+                          if isinstance(value, bool) else str(value)]
+        how = f"the planner's choice: {describe_plan(planned)}"
+    overrides += ["--use_liger_kernel", "true" if liger else "false"]
+    extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
+             str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
+             "--block_size", str(args.seq_len), *overrides]
+    if args.cpu:
+        extra += ["--use_cpu", "true", "--bf16", "false"]
+    cmd = [sys.executable, "-m", "hf_zero3", "bench", str(variant_dir), "--steps", str(args.steps), "--warmup",
+           str(args.warmup), "--gpus", str(args.gpus), "--label", name, "--suffix", "proof", "--out",
+           str(args.out), "--work-dir", str(work / "runs")]
+    if args.against:
+        cmd += ["--against", args.against]
+    if args.breakdown:
+        cmd += ["--breakdown"]
+    if args.run_timeout:
+        cmd += ["--run-timeout", str(args.run_timeout)]
+    cmd += ["--", *extra]
+    print("$", " ".join(cmd), flush=True)
+    sampler = HostPeak()
+    sampler.start()
+    started = time.time()
+    code = subprocess.call(cmd, cwd=ROOT)
+    host_peak = sampler.stop()
+    reports = sorted(args.out.glob(f"{name}_*_proof.jsonl"))
+    records = [json.loads(line) for line in reports[-1].read_text().splitlines()] if reports else []
+    ours = [r for r in records if r.get("variant") == "ours" and "loss" in r]
+    measured_gpu = max((r.get("gpu_peak_allocated_gb") or 0) for r in ours) * GiB if ours else None
+    steps = [r for r in ours if r["step"] > args.warmup]
+
+    def median(key):
+        values = sorted(r[key] for r in steps if r.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    result = {
+        "name": name, "recipe": args.recipe, "recipe_version": recipe.version if hasattr(recipe, "version") else None,
+        "how": how, "exit": code, "wall_s": round(time.time() - started, 1),
+        "model": {"params": shape.params, "layers": shape.layers, "hidden": shape.hidden, "ffn": shape.ffn,
+                  "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab},
+        "hardware": {"gpus": args.gpus, "gpu_mem": args.gpu_mem, "host_ram": args.host_ram},
+        "training": {"seq_len": args.seq_len, "micro_batch": planned.training.micro_batch,
+                     "grad_accum": planned.training.grad_accum, "liger": liger,
+                     "checkpointing": planned.spec.activation_checkpointing, "stage": planned.spec.stage,
+                     "offload_optimizer": planned.spec.offload_optimizer.device,
+                     "offload_param": planned.spec.offload_param.device},
+        "planned_gpu_allocated_bytes": planned.gpu_allocated_bytes, "planned_gpu_bytes": planned.gpu_bytes,
+        "planned_host_bytes": planned.host_bytes,
+        "measured_gpu_peak_allocated_bytes": measured_gpu, "measured_host_peak_minus_start_bytes": host_peak,
+        "gpu_ratio": measured_gpu / planned.gpu_allocated_bytes if measured_gpu else None,
+        "host_ratio": host_peak / planned.host_bytes if planned.host_bytes else None,
+        "tokens_per_s_per_gpu": median("tokens_per_s_per_gpu"), "mfu": median("mfu"),
+        "step_time_s": median("step_time_s"), "ds_step_ms": median("ds_step_ms"), "ds_fwd_ms": median("ds_fwd_ms"),
+        "ds_bwd_ms": median("ds_bwd_ms"), "steps_measured": len(steps), "command": cmd,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}_proof.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
+    return code
+
+
+def describe_plan(p) -> str:
+    spec = p.spec
+    parts = [f"ZeRO-{spec.stage}"]
+    if spec.offload_optimizer.device != "none":
+        parts.append(f"optimizer on {spec.offload_optimizer.device}")
+    if spec.offload_param.device != "none":
+        parts.append(f"params on {spec.offload_param.device}")
+    if spec.activation_checkpointing:
+        parts.append("checkpointing")
+    return " + ".join(parts) + f", micro {p.training.micro_batch} x accumulation {p.training.grad_accum}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
