@@ -2,8 +2,9 @@
 # Issue 14: the recipes proven on 2 x H200 (run from the repository root on the GPU box; Llama-2 shapes with random
 # weights, seq 4096, bf16). Each proof runs benchmarks/recipe_proof.py: `hf-zero3 bench` of the configuration plus
 # this node's host RAM, written against the planner's prediction to OUT/<name>_proof.json.
-#   PART=a  7b on 1 GPU and 13b on 2 GPUs, each with the planner's choice for that hardware, 20 measured steps
-#           (~3.5 min incl. start-up)
+#   PART=a  7b on 1 GPU (and the stock template with checkpointing at the same batch, issue 13 item 5) and 13b on
+#           2 GPUs, each with the planner's choice for that hardware, 20 measured steps
+#           (~5 min incl. start-up)
 #   PART=b  70b layer-scaled: the recipe's exact ds_config (optimizer offload + checkpointing) at Llama-2-70B's
 #           width with 2, 4 and 8 layers on 2 GPUs, micro 1 x accumulation 2, 6 measured steps (~5 min incl. the
 #           one-time CPU Adam build)
@@ -18,7 +19,7 @@ proof() { timeout "$1" python3 benchmarks/recipe_proof.py --out "$out" --work "$
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 if [[ $part == *a* ]]; then
-  PROOF_NAME=7b proof 150 --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140
+  PROOF_NAME=7b proof 260 --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 120 --against stock
   PROOF_NAME=13b proof 170 --recipe 13b --gpus 2 --steps 20 --warmup 3 --run-timeout 160
 fi
 if [[ $part == *b* ]]; then
