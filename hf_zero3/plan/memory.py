@@ -473,19 +473,21 @@ class Choice:
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-           load_bytes: int | None = None, liger: bool = False) -> Choice:
+           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed, each stage at its largest fitting micro batch, and between ZeRO-2 and ZeRO-3 the one
     measured faster (`plan.speed.fastest`). A plan that fits only tightly (`Plan.tight`) is chosen only when no
     plan fits with the full margin.
 
-    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`."""
+    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
+    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`)."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
               "attention": attention, "load_bytes": load_bytes, "liger": liger}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     fitting = [p for p in tried if p.fits and not p.tight] or [p for p in tried if p.fits]
     if fitting:
-        best, why = fastest([p for p in fitting if tier_key(p) == tier_key(fitting[0])], shape, hardware, seq_len)
+        tier = [p for p in fitting if tier_key(p) == tier_key(fitting[0])]
+        best, why = fastest(tier, shape, hardware, seq_len, *(() if speed_table is None else (speed_table,)))
         args = {**training_args_overrides(best.spec), **({"use_liger_kernel": True} if liger else {})}
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), args, why)
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))

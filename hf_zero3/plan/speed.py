@@ -92,7 +92,11 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
         by_stage.setdefault(p.spec.stage, p)
     first = tier[0]
     if len(by_stage) < 2:
-        return first, f"only ZeRO-{first.spec.stage} fits without more offload or checkpointing"
+        ckpt, offload = first.spec.activation_checkpointing, "offload" in first.label
+        if not (ckpt or offload):
+            return first, f"only ZeRO-{first.spec.stage} fits without offload or checkpointing"
+        lighter = " or ".join(x for x, on in (("with less offload", offload), ("without checkpointing", ckpt)) if on)
+        return first, f"{first.label} is the fastest option that fits: nothing {lighter} does"
     rows = [m for m in table if m.applies(shape, hardware, seq_len)]
     best_file, best = None, None
     for source in dict.fromkeys(m.source for m in rows):
