@@ -8,7 +8,10 @@
 # Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
 # A call cut short is continued with --resume and the same WORK_DIR (same machine).
 # Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
-# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15, for a short lease).
+# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15, for a short lease). ZERO2_LIGER_MICRO=M runs it
+# at micro M x accumulation 6/M (default 2; M=1 is named zero2_liger_m1, so its runs never mix with micro 2's).
+# Arguments after WORK_DIR go to `hf-zero3 bench` after the script's own (the last --repeats/--against wins; --only
+# runs a subset with --resume): benchmarks/gpu_tuned_8b_repeats.sh uses them.
 # Smoke test on one GPU (checks the plumbing, not the speed): GPUS=1 TRAIN_OVERRIDES="--config_overrides
 # num_hidden_layers=4" bash benchmarks/gpu_tuned_8b.sh OUT WORK
 set -euo pipefail
@@ -23,7 +26,11 @@ LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num
             num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
             tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
 PY
-python3 - <<'PY'
+z2_micro=${ZERO2_LIGER_MICRO:-2}
+case $z2_micro in 1|2|3|6) ;; *) echo "ZERO2_LIGER_MICRO must divide 6 (1, 2, 3 or 6), got $z2_micro" >&2; exit 2;; esac
+z2_name=zero2_liger$([ "$z2_micro" = 2 ] || echo "_m$z2_micro")
+Z2_MICRO=$z2_micro python3 - <<'PY'
+import os
 import re
 import shutil
 from pathlib import Path
@@ -32,7 +39,8 @@ from hf_zero3.config.build import build_ds_config
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render
 
 for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
-                                 ("8b-zero2-liger", STANDALONE_CONFIGS["zero2"], 2, 3)):
+                                 ("8b-zero2-liger", STANDALONE_CONFIGS["zero2"], int(os.environ["Z2_MICRO"]),
+                                  6 // int(os.environ["Z2_MICRO"]))):
     folder = Path("outputs/recipes") / name
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree("recipes/8b", folder)
@@ -50,7 +58,7 @@ PY
 python3 -m hf_zero3 bench outputs/recipes/8b-zero3-liger --label llama3-8b --suffix tuned \
   --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
   --against stock_tuned,zero2_tuned,fsdp2_tuned --gpus "${GPUS:-2}" \
-  $([ "${ZERO2_LIGER:-1}" = 0 ] || echo --variant zero2_liger=outputs/recipes/8b-zero2-liger) \
+  $([ "${ZERO2_LIGER:-1}" = 0 ] || echo --variant "$z2_name=outputs/recipes/8b-zero2-liger") \
   --out "$out" --work-dir "$work" "$@" -- \
   --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
   --train_file assets/tiny/corpus/train.txt ${TRAIN_OVERRIDES:-}

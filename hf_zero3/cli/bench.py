@@ -29,6 +29,9 @@ def add_arguments(verbs) -> None:
                        help="stop a run that takes longer (reported as failed, exit 124); default: no limit")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
+    bench.add_argument("--only", default="", metavar="NAMES",
+                       help="comma-separated configs (ours, a --variant, a baseline) to run in this call; with "
+                            "--resume the others' recorded runs stay in the report (e.g. a third run of two configs)")
     bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
@@ -66,6 +69,11 @@ def _bench(args: argparse.Namespace) -> int:
                   "and a name that is not ours or a baseline", file=sys.stderr)
             return 2
         others[name] = Path(folder)
+    only = frozenset(a for a in args.only.split(",") if a)
+    if only - {"ours", *others, *against}:
+        print(f"error: --only {args.only}: {sorted(only - {'ours', *others, *against})} not in this bench: name "
+              f"ours, a --variant or a baseline given with --against", file=sys.stderr)
+        return 2
     extra = args.overrides
     try:
         values = load_arguments([str(recipe / "train_args.yaml"), *extra])
@@ -101,7 +109,8 @@ def _bench(args: argparse.Namespace) -> int:
                                breakdown=args.breakdown, model_label=label, model=model,
                                seq_len=facts.seq_len, global_batch=global_batch,
                                command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                               resume=args.resume, run_timeout=args.run_timeout, suffix=args.suffix)
+                               resume=args.resume, run_timeout=args.run_timeout, suffix=args.suffix,
+                               only=only)
     print(f"wrote {report}")
     for name, error in failed.items():
         print(f"error: variant {name} failed, so the report has no numbers for it: {error}", file=sys.stderr)

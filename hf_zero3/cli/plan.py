@@ -30,9 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="samples per optimizer step (default: micro batch x GPUs)")
     run.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     run.add_argument("--attention", choices=ATTENTIONS, default="sdpa")
-    run.add_argument("--liger", action="store_true",
+    run.add_argument("--liger", action=argparse.BooleanOptionalAction, default=None,
                      help="Liger kernels (use_liger_kernel: fused RMSNorm, SwiGLU and linear cross-entropy: no whole "
-                     "logits, smaller activations)")
+                     "logits, smaller activations, faster); default: on when liger-kernel is installed here")
     run.add_argument("--from-scratch", action="store_true",
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
@@ -62,6 +62,18 @@ def _shape(args: argparse.Namespace):
     return ModelShape("custom", **{"kv_heads": sizes["heads"], **sizes})
 
 
+def _liger(flag: bool | None) -> tuple[bool, str]:
+    """Whether to plan with Liger, and why: --liger/--no-liger, else whether liger-kernel is installed here."""
+    from hf_zero3.plan.hardware import versions
+
+    if flag is not None:
+        return flag, f"{'on' if flag else 'off'} (--{'' if flag else 'no-'}liger)"
+    found = versions().get("liger-kernel")
+    if found:
+        return True, f"on (liger-kernel {found} installed here; --no-liger plans without it)"
+    return False, "off (liger-kernel not installed here; --liger plans for a machine that has it)"
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     from hf_zero3.config.presets import render
@@ -75,9 +87,10 @@ def main(args: argparse.Namespace) -> int:
         hardware = detect_hardware(nodes=args.nodes, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem,
                                    host_ram=args.host_ram, nvme_path=args.nvme_path, nvme_free=args.nvme_free)
         seq_len = args.seq_len or min(4096, shape.max_positions)
+        liger, liger_why = _liger(args.liger)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None, liger=args.liger)
+                        load_bytes=4 if args.from_scratch else None, liger=liger)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -99,6 +112,9 @@ def main(args: argparse.Namespace) -> int:
                          "nvme_path": hardware.nvme_path, "nvme_free": hardware.nvme_free,
                          "detected": list(hardware.detected)},
             "fits": choice.fits,
+            "liger": liger,
+            "liger_why": liger_why,
+            "speed": choice.speed,
             "choice": plan_json(choice.plan) if choice.fits else None,
             "ds_config": choice.ds_config if choice.fits else None,
             "training_args": choice.training_args if choice.fits else None,
@@ -108,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
             "options": [plan_json(p) for p in rows(choice)],
         }, indent=2))
     else:
-        print_choice(shape, hardware, seq_len, choice)
+        print_choice(shape, hardware, seq_len, choice, liger_why=liger_why)
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")

@@ -328,8 +328,9 @@ def _stop(proc: subprocess.Popen) -> None:
 def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], gpus: int, out_dir: Path,
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
-              resume: bool = False, run_timeout: float = 0, suffix: str = "") -> tuple[Path, dict[str, str]]:
-    """Run every variant `repeats` times (interleaved) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
+              resume: bool = False, run_timeout: float = 0, suffix: str = "",
+              only: frozenset[str] = frozenset()) -> tuple[Path, dict[str, str]]:
+    """Run every variant `repeats` times (interleaved; with `only`, just those variants) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
     into out_dir; returns the .md and the variants whose last run failed (name -> error).
 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
@@ -355,7 +356,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     for index in range(total):
         repeat, variant = index // len(variants) + 1, variants[index % len(variants)]
         done = state["runs"].setdefault(variant.name, {})
-        if str(repeat) in done:
+        if str(repeat) in done or (only and variant.name not in only):
             continue
         run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
         shutil.rmtree(run_dir, ignore_errors=True)  # the bench's own scratch run: old records must not mix in

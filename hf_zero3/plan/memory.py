@@ -17,6 +17,7 @@ from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import ZeroSpec
 from hf_zero3.plan.shapes import ModelShape
+from hf_zero3.plan.speed import fastest
 
 GB = 10**9
 CUDA_CONTEXT_BYTES = 3 * GB
@@ -407,15 +408,24 @@ def _offload_level(spec: ZeroSpec) -> tuple[int, int]:
     return opt + prm, opt
 
 
+def tier_key(p: Plan) -> tuple:
+    """The memory tier: less offload, then no recomputation; within a tier, measured speed decides (`plan.speed`)."""
+    return (_offload_level(p.spec), p.spec.activation_checkpointing)
+
+
 def cost_key(p: Plan) -> tuple:
     """Expected speed order: less offload, then no recomputation, then lower stage, then larger micro batch."""
-    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.stage, -p.training.micro_batch)
+    return (*tier_key(p), p.spec.stage, -p.training.micro_batch)
+
+
+MICRO_BATCH_SEARCH = (64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
+"""Micro batches tried when no global batch is given (largest first): the largest that fits fills the GPU."""
 
 
 def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int | None) -> list[tuple[int, int]]:
     """(micro batch, accumulation) pairs that reach the global batch, largest micro batch first."""
     if global_batch is None:
-        return [(micro_batch or 1, 1)]
+        return [(micro_batch, 1)] if micro_batch else [(m, 1) for m in MICRO_BATCH_SEARCH]
     per_rank, rest = divmod(global_batch, hardware.world_size)
     if rest or per_rank < 1:
         raise PlanError(f"global batch {global_batch} is not a multiple of {hardware.world_size} GPUs: use a "
@@ -453,6 +463,8 @@ class Choice:
     advice: str = ""
     ds_config: dict = field(default_factory=dict)
     training_args: dict = field(default_factory=dict)
+    speed: str = ""
+    """Why this option among those of its memory tier: measured speed (with the benchmark file) or memory order."""
 
     @property
     def fits(self) -> bool:
@@ -461,17 +473,23 @@ class Choice:
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-           load_bytes: int | None = None, liger: bool = False) -> Choice:
-    """The cheapest fitting configuration, with its ds_config and TrainingArguments overrides; a plan that fits only
-    tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
+           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
+    """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
+    checkpointing unless needed, each stage at its largest fitting micro batch, and between ZeRO-2 and ZeRO-3 the one
+    measured faster (`plan.speed.fastest`). A plan that fits only tightly (`Plan.tight`) is chosen only when no
+    plan fits with the full margin.
 
-    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`."""
+    `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
+    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`)."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
               "attention": attention, "load_bytes": load_bytes, "liger": liger}
     tried = candidates(shape, hardware, seq_len, **kwargs)
-    best = next((p for p in tried if p.fits and not p.tight), None) or next((p for p in tried if p.fits), None)
-    if best is not None:
-        return Choice(best, tuple(tried), "", build_ds_config(best.spec), training_args_overrides(best.spec))
+    fitting = [p for p in tried if p.fits and not p.tight] or [p for p in tried if p.fits]
+    if fitting:
+        tier = [p for p in fitting if tier_key(p) == tier_key(fitting[0])]
+        best, why = fastest(tier, shape, hardware, seq_len, *(() if speed_table is None else (speed_table,)))
+        args = {**training_args_overrides(best.spec), **({"use_liger_kernel": True} if liger else {})}
+        return Choice(best, tuple(tried), "", build_ds_config(best.spec), args, why)
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
 
 
@@ -490,7 +508,7 @@ def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: li
     for nodes in range(hardware.nodes + 1, 8 * hardware.nodes + 65):
         bigger = Hardware(nodes, hardware.gpus_per_node, hardware.gpu_mem, hardware.host_ram, hardware.nvme_path,
                           hardware.nvme_free)
-        options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None})
+        options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None, "micro_batch": 1})
         fit = next((p for p in options if p.fits), None)
         if fit is not None:
             lines.append(f"It would fit on {nodes} nodes ({nodes * hardware.gpus_per_node} GPUs of "

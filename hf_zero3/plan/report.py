@@ -45,7 +45,7 @@ def shown_plan(choice):
         choice.tried, key=lambda p: p.gpu_bytes)
 
 
-def print_tables(shape, hardware, seq_len, choice, out) -> None:
+def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> None:
     detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
     host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
     nvme = f"{gb(hardware.nvme_free)} free at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
@@ -68,9 +68,13 @@ def print_tables(shape, hardware, seq_len, choice, out) -> None:
             f"{hardware.world_size} GPUs = global batch {t.micro_batch * t.grad_accum * hardware.world_size}")
         if hardware.host_ram is None:
             out(f"          needs {gb(shown.host_bytes)} host RAM per node (not checked: pass --host-ram)")
+        if choice.speed:
+            out(f"speed     {choice.speed}")
     else:
         out(f"result    {choice.advice}")
         out(f"closest   {shown.label} (micro batch {shown.training.micro_batch}): " + "; ".join(shown.problems()))
+    if liger_why:
+        out(f"liger     {liger_why}")
     for note in shown.notes:
         out(f"note      {note}")
     if "gpu_mem" not in hardware.detected and hardware.gpu_mem % 10**9 == 0:
@@ -102,9 +106,9 @@ def shell_value(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def print_choice(shape, hardware, seq_len, choice, out=print) -> None:
+def print_choice(shape, hardware, seq_len, choice, out=print, liger_why: str = "") -> None:
     """The tables, then the TrainingArguments of the choice as command-line overrides."""
-    print_tables(shape, hardware, seq_len, choice, out)
+    print_tables(shape, hardware, seq_len, choice, out, liger_why)
     if choice.fits:
         out("")
         out("TrainingArguments: " + " ".join(f"--{k} {shell_value(v)}" for k, v in choice.training_args.items()))

@@ -117,11 +117,15 @@ def test_bench_rejects_unknown_recipe_and_baseline(tmp_path):
     assert proc.returncode == 2 and "is not a recipe folder" in proc.stderr and "tiny" in proc.stderr
     proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock,megatron", "--out", tmp_path])
     assert proc.returncode == 2 and "unknown baseline(s) ['megatron']" in proc.stderr
+    proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock", "--only", "ours,fsdp2", "--out",
+                tmp_path])
+    assert proc.returncode == 2 and "--only ours,fsdp2: ['fsdp2'] not in this bench" in proc.stderr
 
 
 def test_bench_tuned_baselines_then_a_resumed_second_repeat(tmp_path):
     """The hand-tuned baselines train the recipe's global batch at their own micro batch, without checkpointing or
-    Liger; a second call with --resume runs only what is missing and reports both runs of `ours`."""
+    Liger; a second call with --resume and --only runs only what is missing of the configs named and reports both runs
+    of `ours` and the first of the others."""
     out, work = tmp_path / "benchmarks", tmp_path / "work"
     common = ["--steps", "2", "--warmup", "1", "--suffix", "tuned", "--out", out, "--work-dir", work, "--",
               "--per_device_train_batch_size", "4", "--use_liger_kernel", "true"]
@@ -145,9 +149,11 @@ def test_bench_tuned_baselines_then_a_resumed_second_repeat(tmp_path):
     assert "hf_zero3: use_liger_kernel needs a GPU: off on CPU" in (work / "ours.log").read_text()
     assert not list(work.glob("*/model*.safetensors"))  # bench runs skip the final save
 
-    again = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "", "--repeats", "2", "--resume", *common])
+    again = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock_tuned", "--repeats", "2", "--resume",
+                 "--only", "ours", *common])
     assert again.returncode == 0, explain(again)
     assert "ours run 2: exit 0" in again.stderr and "ours run 1:" not in again.stderr
+    assert "stock_tuned run" not in again.stderr and "| stock_tuned | 1 | " in report.read_text()
     text = report.read_text()
     assert "| ours | 1 | " in text and "| ours | 2 | " in text and "| 2: " in text
     assert "--repeats 2 --resume" in text and "--against stock_tuned,zero2_tuned,fsdp2_tuned" in text

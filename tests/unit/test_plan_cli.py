@@ -71,7 +71,8 @@ def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path):
 
 def test_small_model_and_custom_shape(capsys):
     assert main(["plan", "--model", "tiny", "--gpus", "1", "--gpu-mem", "8GB", "--host-ram", "16GB"]) == 0
-    assert "choice    ZeRO-2: micro batch 1" in capsys.readouterr().out
+    # no global batch given: the largest micro batch that fits (the search stops at 64), not micro batch 1
+    assert "choice    ZeRO-2: micro batch 64 x accumulation 1 x 1 GPUs = global batch 64" in capsys.readouterr().out
     argv = ["plan", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--vocab", "100",
             "--gpus", "1", "--gpu-mem", "4GB", "--host-ram", "8GB", "--json"]
     assert main(argv) == 0

@@ -1,0 +1,121 @@
+"""Measured training speed: which of two fitting ZeRO stages is faster, and the benchmark file that says so.
+
+Why a table: memory says what fits, not what is fast. On 2 x H200 with the 8B shape ZeRO-2 at micro 1 ran 1.17x stock
+ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran 1.22x ZeRO-2 (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md):
+no rule of thumb orders them, only a measurement. Speeds vary between machines by up to 14% for one config
+(shared/ENGINEERING.md), so two stages are compared only through figures from one benchmark file (one lease).
+
+`fastest` gets the fitting plans of the cheapest memory tier (same offload and checkpointing) in `cost_key` order and
+returns one with the reason. Pure: no CUDA, no file reads; the figures are copied from the reports named in `source`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hf_zero3.plan.memory import Hardware, Plan
+    from hf_zero3.plan.shapes import ModelShape
+
+GIB = 2**30
+PARAMS_TOLERANCE = 0.10
+"""A measurement applies to shapes within 10% of its parameter count (same sequence length)."""
+GPU_MEM_TOLERANCE = 0.05
+"""... and to GPUs within 5% of its memory, in the same number (140 GiB: H200; 80 GiB would be H100/A100)."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured configuration: median tokens/s per GPU of a `hf-zero3 bench` run, and the file it is from."""
+
+    params: int
+    seq_len: int
+    gpus: int
+    gpu_mem_gib: float
+    stage: int
+    liger: bool
+    checkpointing: bool
+    micro_batch: int
+    tokens_per_s: float
+    source: str
+    config: str
+    """The row's name in the report, and what it ran."""
+
+    def applies(self, shape: ModelShape, hardware: Hardware, seq_len: int) -> bool:
+        return (abs(shape.params / self.params - 1) <= PARAMS_TOLERANCE and seq_len == self.seq_len
+                and hardware.world_size == self.gpus
+                and abs(hardware.gpu_mem / GIB / self.gpu_mem_gib - 1) <= GPU_MEM_TOLERANCE)
+
+    def describe(self) -> str:
+        liger = " + Liger" if self.liger else ""
+        ckpt = " + checkpointing" if self.checkpointing else ""
+        return f"ZeRO-{self.stage}{liger}{ckpt} micro {self.micro_batch}: {self.tokens_per_s:,.0f} tokens/s/GPU"
+
+
+_TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
+_LLAMA3_8B = 8_030_261_248
+MEASURED: tuple[Measurement, ...] = (
+    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, True, False, 3, 10_121, _TUNED,
+                "ours: recipe 8b v2, ZeRO-3 (5e8 buckets) + Liger, micro 3 x 2, median of 3 runs"),
+    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, False, False, 2, 7_136, _TUNED,
+                "stock_tuned: stock ZeRO-3 template, micro 2 x 3, median of 3 runs"),
+    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 2, False, False, 1, 8_323, _TUNED,
+                "zero2_tuned: stock ZeRO-2 template, micro 1 x 6, one run"),
+)
+"""tokens/s/GPU by (model class, hardware, ZeRO stage, Liger, checkpointing, micro batch). FSDP2 (fsdp2_tuned 8,568 in
+the same file) is not a ZeRO option, so it is not here. Add a row per measured config: same source = same lease."""
+
+
+def _match(plan: Plan, rows: list[Measurement]) -> tuple[int, Measurement] | None:
+    """The row of `rows` that best describes `plan`'s speed, with how closely: 2 = same Liger and micro batch; 1 = same
+    Liger, a smaller micro batch; 0 = without Liger for a plan with it. Only rows with no more of the speed settings
+    than the plan count (Liger, a larger micro batch would flatter it), so a row that is not exact is a lower bound."""
+    t, spec = plan.training, plan.spec
+    same = [m for m in rows if m.stage == spec.stage and m.checkpointing == spec.activation_checkpointing
+            and (t.liger or not m.liger) and m.micro_batch <= t.micro_batch]
+    scored = [((m.liger == t.liger) + (m.liger == t.liger and m.micro_batch == t.micro_batch), m) for m in same]
+    return max(scored, key=lambda x: (x[0], x[1].tokens_per_s), default=None)
+
+
+def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: int,
+            table: tuple[Measurement, ...] = MEASURED) -> tuple[Plan, str]:
+    """The plan to run among `tier` (fitting plans of one offload/checkpointing tier, in `cost_key` order: lower
+    stage first, then the largest micro batch), and why.
+
+    Each stage runs at its largest fitting micro batch. When ZeRO-2 and ZeRO-3 both fit, the faster by one benchmark
+    file's measurements for this model class and hardware wins (the file with the closest matches); without one,
+    the memory-only order stands (the lower stage: no per-layer gathers), and the reason says so.
+    """
+    by_stage: dict[int, Plan] = {}
+    for p in tier:
+        by_stage.setdefault(p.spec.stage, p)
+    first = tier[0]
+    if len(by_stage) < 2:
+        ckpt, offload = first.spec.activation_checkpointing, "offload" in first.label
+        if not (ckpt or offload):
+            return first, f"only ZeRO-{first.spec.stage} fits without offload or checkpointing"
+        lighter = " or ".join(x for x, on in (("with less offload", offload), ("without checkpointing", ckpt)) if on)
+        return first, f"{first.label} is the fastest option that fits: nothing {lighter} does"
+    rows = [m for m in table if m.applies(shape, hardware, seq_len)]
+    best_file, best = None, None
+    for source in dict.fromkeys(m.source for m in rows):
+        matches = {s: _match(p, [m for m in rows if m.source == source]) for s, p in by_stage.items()}
+        if all(matches.values()):
+            closeness = sum(score for score, _ in matches.values())
+            if best is None or closeness > best[0]:
+                best_file, best = source, (closeness, matches)
+    stages = " and ".join(f"ZeRO-{s} (micro {p.training.micro_batch})" for s, p in by_stage.items())
+    if best is None:
+        return first, (f"{stages} both fit; no measurement of both for this model class on {hardware.world_size} GPU(s) "
+                       f"of {hardware.gpu_mem / GIB:.0f} GiB (hf_zero3/plan/speed.py MEASURED), so the memory-only "
+                       f"order: ZeRO-{first.spec.stage} first")
+    matches = best[1]
+    winner = max(matches, key=lambda s: matches[s][1].tokens_per_s)
+    plan = by_stage[winner]
+    said = []
+    for s, (score, m) in sorted(matches.items(), key=lambda x: -x[1][1].tokens_per_s):
+        p = by_stage[s]
+        want = f"ZeRO-{s}{' + Liger' if p.training.liger else ''} micro {p.training.micro_batch}"
+        said.append(m.describe() + ("" if score == 2 else f" (for {want}: not measured, a lower bound)"))
+    return plan, f"ZeRO-{winner} by measured speed: " + " vs ".join(said) + f" ({best_file})"

@@ -1,0 +1,118 @@
+"""The planner's speed choice: measured figures decide between ZeRO-2 and ZeRO-3, each at its largest fitting micro
+batch, checkpointing only when needed; the table quotes its benchmark files exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from hf_zero3.cli.main import main
+from hf_zero3.plan.memory import GB, Hardware, choose
+from hf_zero3.plan.shapes import load_shape
+from hf_zero3.plan.speed import MEASURED, Measurement
+from tests.conftest import ROOT
+
+S8 = load_shape("8b")
+H200X2 = Hardware(1, 2, 140 * 2**30, None)
+TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
+
+
+def _report_medians(path: str) -> dict[str, tuple[int, int]]:
+    """config -> (median tokens/s/GPU, runs) from a bench report's first table."""
+    out = {}
+    for name, tps, runs in re.findall(r"^\| (\w+) \| (\d+) \| [^\n]*\| (\d+): \d+-\d+ \|$", (ROOT / path).read_text(),
+                                      re.M):
+        out.setdefault(name, (int(tps), int(runs)))
+    return out
+
+
+def test_every_measured_figure_is_the_median_in_its_report():
+    """One owner per figure: the table copies the report; a figure not in its file, or a changed report, fails."""
+    for m in MEASURED:
+        name = m.config.split(":")[0]
+        assert (ROOT / m.source).is_file(), m.source
+        tps, runs = _report_medians(m.source)[name]
+        assert m.tokens_per_s == tps, (m.config, tps)
+        assert (f"{runs} runs" if runs > 1 else "one run") in m.config, (m.config, runs)
+
+
+def test_8b_on_2xh200_with_liger_picks_recipe_8b_v2_by_measured_speed():
+    """Memory alone put ZeRO-2 micro 1 first (no per-layer gathers); measured, ZeRO-3 + Liger micro 3 is 1.22x it."""
+    choice = choose(S8, H200X2, 4096, global_batch=12, liger=True)
+    p = choice.plan
+    assert (p.label, p.training.micro_batch, p.training.grad_accum) == ("ZeRO-3", 3, 2)
+    assert not p.spec.activation_checkpointing and not p.tight
+    assert choice.training_args["use_liger_kernel"] is True
+    assert choice.speed.startswith("ZeRO-3 by measured speed: ZeRO-3 + Liger micro 3: 10,121 tokens/s/GPU vs ZeRO-2")
+    assert "ZeRO-2 micro 1: 8,323 tokens/s/GPU (for ZeRO-2 + Liger micro 1: not measured, a lower bound)" in choice.speed
+    assert choice.speed.endswith(f"({TUNED})")
+    # without a global batch: the same micro batch (the largest that fits), accumulation 1
+    alone = choose(S8, H200X2, 4096, liger=True).plan
+    assert (alone.label, alone.training.micro_batch, alone.training.grad_accum) == ("ZeRO-3", 3, 1)
+
+
+def test_without_a_lower_bound_for_both_stages_the_memory_order_stands_and_says_so():
+    """Without Liger ZeRO-3 fits micro 1 only with room (micro 2 is tight); no ZeRO-3 row has micro <= 1 and no Liger,
+    so no measurement can speak for it: ZeRO-2 first, as memory orders it."""
+    choice = choose(S8, H200X2, 4096, global_batch=12)
+    assert (choice.plan.label, choice.plan.training.micro_batch) == ("ZeRO-2", 1)
+    assert "use_liger_kernel" not in choice.training_args
+    assert "no measurement of both" in choice.speed and "memory-only order: ZeRO-2 first" in choice.speed
+    # other hardware: the 140 GiB rows do not apply to 80 GiB GPUs
+    other = choose(S8, Hardware(1, 8, 80 * 2**30, None), 4096, global_batch=64, liger=True)
+    assert other.plan.spec.stage == 2 and "no measurement of both" in other.speed
+
+
+def test_a_measured_faster_zero2_wins_and_a_faster_row_from_another_lease_is_ignored():
+    """Rows are compared only within one source file; the closest-matching file decides."""
+    z3 = next(m for m in MEASURED if m.stage == 3 and m.liger)
+    fast_z2 = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 11_000, "lease-b.md", "z2: one run")
+    slow_z3 = dataclasses.replace(z3, tokens_per_s=9_000, source="lease-b.md")
+    choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, fast_z2, slow_z3))
+    assert choice.plan.label == "ZeRO-2" and choice.plan.training.micro_batch == 1
+    assert choice.speed.startswith("ZeRO-2 by measured speed: ZeRO-2 + Liger micro 1: 11,000") and "lease-b.md" in \
+        choice.speed
+    lone = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 99_000, "lease-c.md", "z2 alone")
+    assert choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, lone)).plan.spec.stage == 3
+
+
+def test_checkpointing_only_when_nothing_fits_without_it():
+    small = Hardware(1, 2, 100 * 2**30, None)  # 8B without Liger on 2 x 100 GiB: nothing fits without recomputation
+    choice = choose(S8, small, 4096, global_batch=12)
+    assert choice.plan.label == "ZeRO-3 + checkpointing" and choice.plan.training.micro_batch == 3
+    assert choice.speed == "ZeRO-3 + checkpointing is the fastest option that fits: nothing without checkpointing does"
+    assert all(p.spec.activation_checkpointing or not p.fits for p in choice.tried
+               if p.spec.offload_optimizer.device == "none")
+    assert choice.training_args["gradient_checkpointing"] is True
+    roomy = choose(S8, H200X2, 4096, global_batch=12, liger=True)
+    assert not roomy.plan.spec.activation_checkpointing and "gradient_checkpointing" not in roomy.training_args
+
+
+@pytest.mark.parametrize("flag,liger", [("--liger", True), ("--no-liger", False)])
+def test_plan_cli_says_why_it_chose(capsys, flag, liger):
+    argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", flag]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"liger     {'on' if liger else 'off'} ({flag})" in text
+    speed = next(line for line in text.splitlines() if line.startswith("speed     "))
+    assert (TUNED in speed) if liger else ("memory-only order" in speed)
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["liger"] is liger and out["speed"] == speed.removeprefix("speed     ")
+    assert out["choice"]["option"] == ("ZeRO-3" if liger else "ZeRO-2")
+
+
+def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
+    from hf_zero3.plan import hardware
+
+    argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", "--json"]
+    for installed in ({"liger-kernel": "0.8.5"}, {}):
+        monkeypatch.setattr(hardware, "versions", lambda installed=installed: {"python": "3", **installed})
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["liger"] is bool(installed)
+        assert out["liger_why"].startswith("on (liger-kernel 0.8.5 installed here" if installed else
+                                           "off (liger-kernel not installed here")
