@@ -10,6 +10,7 @@
 # Every run sits in its own `timeout`; everything lands in OUT as it comes. About 6-7 minutes in all.
 # Usage: bash benchmarks/gpu_activation_offload.sh [OUT]
 source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the launcher runs the bench script from benchmarks/
 set -uo pipefail
 OUT=${1:-${OUT:-outputs/activation-offload}}
 mkdir -p "$OUT"
