@@ -18,6 +18,9 @@ start=$(date +%s)
 CAP_GIB=${CAP_GIB:-28}
 GPUS=${GPUS:-2}
 SEARCH=${SEARCH:-24576,32768,40960,49152,57344,65536,81920,98304}
+MODEL=${MODEL:-outputs/llama3-8b} DS_CONFIG=${DS_CONFIG:-recipes/8b/ds_config.json} SEQS=${SEQS:-4096,16384}
+# CPU plumbing check: MODEL=assets/tiny/model DS_CONFIG=recipes/tiny/ds_config.json SEQS=128,256 SEARCH=256,512 \
+#   TRAIN_BLOCK=128 bash benchmarks/gpu_activation_offload.sh /tmp/ao   (with a stub .whl/install.sh)
 (nvidia-smi; free -g; python3 -c "import torch, deepspeed, transformers; print(torch.__version__, torch.version.cuda, deepspeed.__version__, transformers.__version__)"; git rev-parse HEAD) > "$OUT/env.txt" 2>&1
 [ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
 from transformers import LlamaConfig
@@ -32,7 +35,7 @@ for mode in checkpointing offload; do
   port=$((port + 1))
   echo "[$(elapsed) s] 8b $mode" | tee -a "$OUT/progress.txt"
   timeout 190 deepspeed --num_gpus "$GPUS" --master_port $port benchmarks/activation_offload_bench.py \
-    --config outputs/llama3-8b --out "$OUT/8b" $flag --seqs 4096,16384 --steps 5 \
+    --config "$MODEL" --ds-config "$DS_CONFIG" --out "$OUT/8b" $flag --seqs "$SEQS" --steps 5 \
     --search "$SEARCH" --cap-above-rest-gib "$CAP_GIB" --search-budget-s 60 > "$OUT/8b_$mode.log" 2>&1
   echo "[$(elapsed) s] 8b $mode: exit $? (3 = reached an OOM in the search, as intended)" | tee -a "$OUT/progress.txt"
   grep "bench:" "$OUT/8b_$mode.log" | tail -20
@@ -41,8 +44,8 @@ done
 if [ "$(elapsed)" -lt 360 ]; then
   echo "[$(elapsed) s] hf-zero3 train --activation_offload true" | tee -a "$OUT/progress.txt"
   timeout 110 deepspeed --num_gpus "$GPUS" --master_port $((port + 1)) --module hf_zero3.train recipes/8b/train_args.yaml \
-    --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \
-    --train_file assets/tiny/corpus/train.txt --block_size 4096 --per_device_train_batch_size 1 \
+    --model_name_or_path null --config_name "$MODEL" --tokenizer_name assets/tiny/model --deepspeed "$DS_CONFIG" \
+    --train_file assets/tiny/corpus/train.txt --block_size "${TRAIN_BLOCK:-4096}" --per_device_train_batch_size 1 \
     --gradient_accumulation_steps 1 --gradient_checkpointing true --gradient_checkpointing_kwargs '{"use_reentrant": false}' \
     --activation_offload true --max_steps 4 --logging_steps 1 --save_strategy no --save_final_model false \
     --output_dir outputs/ao-train --overwrite_output_dir true > "$OUT/train_offload.log" 2>&1
