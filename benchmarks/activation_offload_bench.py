@@ -65,10 +65,10 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()  # CPU: a plumbing check of this script with a tiny model (gloo)
     deepspeed.init_distributed(dist_backend=None if cuda else "gloo")
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     device = "cuda" if cuda else "cpu"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     allocated = torch.cuda.memory_allocated if cuda else (lambda: 0)
     peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)

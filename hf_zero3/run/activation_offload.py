@@ -64,8 +64,20 @@ class OffloadStats:
 class _Packed:
     """One offloaded tensor: its host copy, and on the GPU path the copy events and the fetched tensor."""
 
-    __slots__ = ("host", "device", "saved_event", "gpu", "ready", "shared", "used", "index", "order", "nbytes",
-                 "owner", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "device",
+        "gpu",
+        "host",
+        "index",
+        "nbytes",
+        "order",
+        "owner",
+        "ready",
+        "saved_event",
+        "shared",
+        "used",
+    )
 
     def __del__(self):
         if self.host is not None:
