@@ -3,9 +3,11 @@
 One process (all ranks) builds the model once the way `hf-zero3 train` does (zero.Init through HfDeepSpeedConfig,
 bf16, sdpa, Liger, non-reentrant gradient checkpointing), with `hf_zero3.run.activation_offload.enable` or without,
 and then:
-  1. measures each `--seqs` length for `--steps` optimizer steps (micro batch 1, random tokens): per step the time,
-     and the forward+backward peak above what is allocated before the forward (the activation-driven part: the
-     step's fp32 gradients come after it), the overall peak, pinned host memory and the bytes the hooks moved;
+  1. measures each `--seqs` length for `--steps` optimizer steps (micro batch 1, random tokens): per step the time;
+     what the decoder leaves allocated on the GPU when its forward ends (its saved activations: what offload
+     moves), what is allocated when the whole forward ends (plus the lm_head and Liger's loss, kept on the GPU);
+     the forward+backward peak above what is allocated before the forward (the activation-driven part: the step's
+     fp32 gradients come after it); the overall peak, pinned host memory and the bytes the hooks moved;
   2. with `--search`, caps this process's GPU memory at the states it holds between steps + `--cap-above-rest-gib`
      (room for the step's fp32 gradients and ~20 GiB of activations, so the search ends within a short lease), and
      tries each length for one step until the first out-of-memory error, which ends the process (a rank that
@@ -103,6 +105,17 @@ def main() -> int:
     record(event="ready", seconds=round(time.time() - started, 1), liger=cuda and not args.no_liger,
            params=sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()))
     vocab = model_config.vocab_size
+    held = {}
+    decoder = activation_offload.decoder_of(model)
+
+    def mark(name):  # memory allocated at the decoder's entry and exit (all streams done: offload copies included)
+        def hook(*_):
+            sync()
+            held[name] = allocated()
+        return hook
+
+    decoder.register_forward_pre_hook(mark("in"))
+    decoder.register_forward_hook(mark("out"))
 
     def one_step(seq: int) -> dict:
         ids = torch.randint(0, vocab, (1, seq), device=device)
@@ -112,6 +125,8 @@ def main() -> int:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
+        sync()
+        after_forward = allocated() - before
         engine.backward(loss)
         sync()
         fwd_bwd_peak = peak() - before
@@ -122,20 +137,28 @@ def main() -> int:
             pinned = torch.cuda.host_memory_stats()["allocated_bytes.current"]
         except (KeyError, RuntimeError, AttributeError):
             pinned = -1
-        return {"seconds": seconds, "fwd_bwd_above_rest_gib": fwd_bwd_peak / GiB, "rest_gib": before / GiB,
+        return {"seconds": seconds, "fwd_bwd_above_rest_gib": fwd_bwd_peak / GiB,
+                "decoder_held_gib": (held["out"] - held["in"]) / GiB, "held_after_forward_gib": after_forward / GiB, "rest_gib": before / GiB,
                 "peak_allocated_gib": peak() / GiB,
                 "peak_reserved_gib": torch.cuda.max_memory_reserved() / GiB if cuda else 0.0, "pinned_host_gib": pinned / GiB,
                 "offloaded_gib": offloader.stats.bytes / GiB if offloader else 0.0,
                 "host_peak_gib": offloader.stats.peak_host_bytes / GiB if offloader else 0.0,
                 "loss": float(loss)}
 
+    def release_pinned():  # the host caching allocator keeps each length's blocks; the next length needs others
+        if cuda and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
+
     for seq in [int(s) for s in args.seqs.split(",") if s]:
+        release_pinned()
         steps = [one_step(seq) for _ in range(args.steps)]
         timed = steps[2:] or steps  # the first steps allocate (pinned buffers, the allocator's cache)
         median = statistics.median(s["seconds"] for s in timed)
         record(event="measure", seq=seq, steps=len(steps), step_time_s=round(median, 4),
                tokens_per_s_per_gpu=round(seq / median, 1),
                fwd_bwd_above_rest_gib=round(max(s["fwd_bwd_above_rest_gib"] for s in steps), 3),
+               decoder_held_gib=round(steps[-1]["decoder_held_gib"], 3),
+               held_after_forward_gib=round(steps[-1]["held_after_forward_gib"], 3),
                rest_gib=round(steps[-1]["rest_gib"], 3),
                peak_allocated_gib=round(max(s["peak_allocated_gib"] for s in steps), 3),
                peak_reserved_gib=round(max(s["peak_reserved_gib"] for s in steps), 3),
@@ -156,6 +179,7 @@ def main() -> int:
                 if time.time() - begun + guess > args.search_budget_s:
                     record(event="search_stopped", seq=seq, cap_gib=round(cap_gib, 2), reason=f"budget {args.search_budget_s} s")
                     break
+            release_pinned()
             record(event="attempt", seq=seq, cap_gib=round(cap_gib, 2))
             try:
                 result = one_step(seq)
