@@ -31,7 +31,7 @@ def add_arguments(verbs) -> None:
     new.add_argument("--gradient-clipping", type=float)
     new.add_argument("--sub-group-size", type=positive_int)
     new.add_argument("--reduce-bucket-size", type=int_or_auto)
-    for flag in ("activation-checkpointing", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
+    for flag in ("activation-checkpointing", "activation-offload", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
                  "gather-16bit-weights"):
         new.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
     new.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
@@ -92,7 +92,7 @@ def _config_new(args: argparse.Namespace) -> int:
             fields[name] = {"device": device, **({"nvme_path": args.nvme_path} if device == "nvme" else {})}
         elif args.nvme_path and fields.get(name, {}).get("device") == "nvme":
             fields[name] = {**fields[name], "nvme_path": args.nvme_path}
-    for flag, name in (("activation_checkpointing", "activation_checkpointing"),
+    for flag, name in (("activation_checkpointing", "activation_checkpointing"), ("activation_offload", "activation_offload"),
                        ("wall_clock_breakdown", "wall_clock_breakdown"),
                        ("overlap_comm", "overlap_comm"), ("contiguous_gradients", "contiguous_gradients"),
                        ("gather_16bit_weights", "gather_16bit_weights_on_save")):

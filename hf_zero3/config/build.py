@@ -15,7 +15,10 @@ Policy
 * No `scheduler` block: the Trainer's scheduler (`--lr_scheduler_type`, `--warmup_steps`) applies.
 * DeepSpeed's `activation_checkpointing` block (`partition_activations`, `cpu_checkpointing`) only
   configures `deepspeed.checkpointing.checkpoint`, which HF models never call. Activation
-  checkpointing intent is therefore mapped to TrainingArguments (`training_args_overrides`).
+  checkpointing intent is therefore mapped to TrainingArguments (`training_args_overrides`). Activation
+  offload (`spec.activation_offload`) is written as `activation_checkpointing: {cpu_checkpointing: true}`: the
+  config carries it to `hf-zero3 train`, which applies it (hf_zero3.run.activation_offload); for DeepSpeed the
+  block stays inert.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ def build_ds_config(spec: ZeroSpec) -> dict[str, Any]:
     config["gradient_accumulation_steps"] = spec.gradient_accumulation_steps
     config["steps_per_print"] = spec.steps_per_print
     config["wall_clock_breakdown"] = spec.wall_clock_breakdown
+    if spec.activation_offload:
+        config["activation_checkpointing"] = {"cpu_checkpointing": True}
     clashes = sorted(set(spec.extra) & set(config))
     if clashes:
         raise ValueError(f"extra blocks {clashes} collide with generated keys: set them through the spec fields")

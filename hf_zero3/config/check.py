@@ -443,18 +443,36 @@ def _zero(config: dict) -> list[Finding]:
         if device == "nvme":
             findings += _nvme_path(f"zero_optimization.{which}.nvme_path",
                                    _get(config, f"zero_optimization.{which}.nvme_path"))
-    if isinstance(config.get("activation_checkpointing"), dict):
-        findings.append(Finding("warning", "activation_checkpointing",
-                                "this block (partition_activations, cpu_checkpointing, ...) only configures "
-                                "deepspeed.checkpointing.checkpoint, which HF models never call: it does nothing. "
-                                "Remove it and set TrainingArguments gradient_checkpointing: true with "
-                                "gradient_checkpointing_kwargs: {use_reentrant: false}"))
+    findings += _activation_checkpointing(config.get("activation_checkpointing"))
     gather = _get(config, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                   _get(config, "zero_optimization.stage3_gather_fp16_weights_on_model_save", False))
     if stage == 3 and gather is not True:
         findings.append(Finding("warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                                 "is off: Trainer.save_model() then writes no usable weights, only ZeRO shards "
                                 "(recoverable with zero_to_fp32.py). Set it to true"))
+    return findings
+
+
+def _activation_checkpointing(block: Any) -> list[Finding]:
+    """DeepSpeed's block configures only deepspeed.checkpointing.checkpoint, which HF models never call; of its
+    keys, cpu_checkpointing is carried out by `hf-zero3 train` (activation offload), the rest do nothing."""
+    if not isinstance(block, dict):
+        return []
+    findings = []
+    if block.get("cpu_checkpointing") is True:
+        findings.append(Finding("info", "activation_checkpointing.cpu_checkpointing",
+                                "applied by `hf-zero3 train` as activation offload (hf_zero3/run/activation_offload.py"
+                                "): the activations the decoder saves for backward, with gradient_checkpointing the "
+                                "checkpointed layer inputs, live in pinned host memory. DeepSpeed alone does not "
+                                "apply it to HF models: with a plain `--deepspeed` script it does nothing unless the "
+                                "script calls hf_zero3.run.activation_offload.enable(model) before its Trainer"))
+    inert = sorted(k for k, v in block.items() if k != "cpu_checkpointing" and v not in (False, None))
+    if inert or not findings:
+        what = ", ".join(inert) if inert else "this block"
+        findings.append(Finding("warning", "activation_checkpointing",
+                                f"{what}: only configures deepspeed.checkpointing.checkpoint, which HF models never "
+                                "call: it does nothing. Remove it and set TrainingArguments gradient_checkpointing: "
+                                "true with gradient_checkpointing_kwargs: {use_reentrant: false}"))
     return findings
 
 

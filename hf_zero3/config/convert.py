@@ -80,6 +80,10 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
         fields["activation_checkpointing"] = True
         notes.append("replaced the activation_checkpointing block (a no-op for HF models) by TrainingArguments "
                      "gradient_checkpointing: true")
+        if config["activation_checkpointing"].get("cpu_checkpointing") is True:
+            fields["activation_offload"] = True
+            notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
+                         "(hf_zero3/run/activation_offload.py)")
     if config.get("fp16", {}).get("enabled") is True:
         notes.append("kept fp16 as asked; on A100/H100/H200 prefer bf16 (--precision bf16)")
     fields.update(_implied_batch(fields, world_size, notes))

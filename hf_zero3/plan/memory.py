@@ -9,6 +9,7 @@ an OOM. Every term, its formula and where it differs from DeepSpeed's estimator:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +41,13 @@ HOST_MARGIN = 0.05
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
+
+OFFLOAD_IN_FLIGHT_LAYERS = 3
+"""Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
+the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors."""
+PCIE_BYTES_PER_S = 25 * GB
+"""Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
+~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
 
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
 ATTENTIONS: tuple[str, ...] = Attention.__args__
@@ -247,6 +255,8 @@ def describe(spec: ZeroSpec) -> str:
         text += f" + offload params ({prm})"
     if spec.activation_checkpointing:
         text += " + checkpointing"
+    if spec.activation_offload:
+        text += " + activation offload"
     return text
 
 
@@ -271,6 +281,17 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     else:
         attn = b * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.heads
     return norms + attn + mlp
+
+
+def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_accum: int, gpus: int) -> str:
+    """Activation offload's host term (pinned, per node) and its PCIe time, as a note."""
+    moved = tokens * per_token
+    terms.append(Term("activations offloaded (pinned)", "host", moved * gpus,
+                      f"({tokens} tokens x {per_token} B) x {gpus} GPUs/node", "activation"))
+    ms = 1000 * moved / PCIE_BYTES_PER_S
+    return (f"activation offload moves {gb(moved)} per GPU per micro batch each way over PCIe: {ms:,.0f} ms out in "
+            f"forward and {ms:,.0f} ms back in backward at {PCIE_BYTES_PER_S / GB:.0f} GB/s (x {grad_accum} micro "
+            "batches per step), overlapped with compute on side streams")
 
 
 def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
@@ -339,15 +360,27 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     t, L = training.tokens, shape.layers
     per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
     final_norm = b * H + 4 if training.liger else 4 * H + 2 * b * H
-    if spec.activation_checkpointing:
+    if spec.activation_checkpointing and spec.activation_offload:
+        n = min(L, OFFLOAD_IN_FLIGHT_LAYERS)
+        add("gpu", "activations: checkpointed layer inputs in flight (rest offloaded)", t * n * b * H,
+            f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
+        work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
+    elif spec.activation_checkpointing:
         add("gpu", "activations: checkpointed layer inputs", t * (L * b * H + final_norm),
             f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
         work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
+    elif spec.activation_offload:
+        add("gpu", "activations: one layer in flight (rest offloaded)", t * per_layer,
+            f"{t} tokens x {per_layer} B/layer ({training.attention})", "activation", phase="backward")
+        work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
     else:
         add("gpu", f"activations: {L} layers stored", t * (L * per_layer + final_norm),
             f"{t} tokens x ({L} x {per_layer} B/layer ({training.attention}) + final norm {final_norm} B)",
             "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
+    if spec.activation_offload:
+        notes.append(_offload_activations(terms, t, L * (b * H if spec.activation_checkpointing else per_layer)
+                                          + final_norm, training.grad_accum, g))
     if training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
         chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(shape.vocab / H)) - 1).bit_length())
         add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + b * shape.vocab * H + b * chunk * shape.vocab,
@@ -390,7 +423,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
 # --- choosing -------------------------------------------------------------------------------------
 
 def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
-    """The configurations considered (each also with checkpointing); `cost_key` orders them."""
+    """The configurations considered (each also with checkpointing, and with checkpointing + activation offload);
+    `cost_key` orders them."""
     z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
                          for n in ("zero2", "zero3", "zero3_offload_optimizer", "zero3_offload_all"))
     specs = [z2, z3, opt, both]
@@ -409,8 +443,9 @@ def _offload_level(spec: ZeroSpec) -> tuple[int, int]:
 
 
 def tier_key(p: Plan) -> tuple:
-    """The memory tier: less offload, then no recomputation; within a tier, measured speed decides (`plan.speed`)."""
-    return (_offload_level(p.spec), p.spec.activation_checkpointing)
+    """The memory tier: less offload, then no recomputation, then activations kept on the GPU; within a tier,
+    measured speed decides (`plan.speed`)."""
+    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.activation_offload)
 
 
 def cost_key(p: Plan) -> tuple:
@@ -444,9 +479,10 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
     """Every configuration the planner considers, cheapest first."""
     plans = []
     for rung in _rungs(hardware, precision):
-        for checkpointing in (False, True):
+        for checkpointing, offload in ((False, False), (True, False), (True, True)):
             for micro, accum in micro_batches(hardware, global_batch, micro_batch):
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
+                                   "activation_offload": offload,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
                 plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes, liger),
@@ -488,9 +524,27 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
     if fitting:
         tier = [p for p in fitting if tier_key(p) == tier_key(fitting[0])]
         best, why = fastest(tier, shape, hardware, seq_len, *(() if speed_table is None else (speed_table,)))
+        best = _with_offload_hint(best, tried)
         args = {**training_args_overrides(best.spec), **({"use_liger_kernel": True} if liger else {})}
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), args, why)
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
+
+
+def _with_offload_hint(best: Plan, tried: list[Plan]) -> Plan:
+    """The chosen plan, with a note when activation offload would let a larger micro batch fit the same option."""
+    if best.spec.activation_offload or not best.spec.activation_checkpointing:
+        return best
+    same = lambda p: (p.spec.stage, p.spec.offload_optimizer, p.spec.offload_param) == (
+        best.spec.stage, best.spec.offload_optimizer, best.spec.offload_param)
+    larger = [p for p in tried if p.spec.activation_offload and same(p) and p.fits and not p.tight
+              and p.training.micro_batch > best.training.micro_batch]
+    if not larger:
+        return best
+    top = max(larger, key=lambda p: p.training.micro_batch)
+    return dataclasses.replace(best, notes=(*best.notes, (
+        f"with activation offload (--activation_offload true) micro batch {top.training.micro_batch} fits "
+        f"({gb(top.gpu_bytes)} per GPU, {gb(top.host_bytes)} host RAM per node): fewer, larger steps, PCIe copies "
+        "overlapped with compute")))
 
 
 def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: list[Plan], **kwargs) -> str:
@@ -553,6 +607,7 @@ def _at_least_as_frugal(p: Plan, current: Plan) -> bool:
     a, b = p.spec, current.spec
     return (a.stage >= b.stage and _offload_level(a) >= _offload_level(b)
             and a.activation_checkpointing >= b.activation_checkpointing
+            and a.activation_offload >= b.activation_offload
             and p.training.micro_batch <= current.training.micro_batch)
 
 
@@ -571,6 +626,8 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
                      "then train with --deepspeed ds_config.planned.json")
     if b.activation_checkpointing and not a.activation_checkpointing:
         parts.append("--gradient_checkpointing true")
+    if b.activation_offload and not a.activation_offload:
+        parts.append("--activation_offload true")
     if nxt.training.micro_batch != current.training.micro_batch:
         parts.append(f"--per_device_train_batch_size {nxt.training.micro_batch} "
                      f"--gradient_accumulation_steps {nxt.training.grad_accum} (same global batch)")

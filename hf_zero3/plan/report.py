@@ -15,7 +15,8 @@ def rows(choice) -> list:
     rows: dict = {}
     for p in choice.tried:  # cheapest first, so within an option the largest micro batch comes first
         spec = p.spec
-        key = (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.activation_checkpointing)
+        key = (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.activation_checkpointing,
+               spec.activation_offload)
         if key not in rows or not rows[key].fits:
             rows[key] = p
     return list(rows.values())
@@ -34,6 +35,7 @@ def terms_json(plan) -> dict:
 def plan_json(p) -> dict:
     return {"option": p.label, "stage": p.spec.stage, "offload_optimizer": p.spec.offload_optimizer.device,
             "offload_param": p.spec.offload_param.device, "checkpointing": p.spec.activation_checkpointing,
+            "activation_offload": p.spec.activation_offload,
             "micro_batch": p.training.micro_batch, "grad_accum": p.training.grad_accum,
             "gpu_bytes": p.gpu_bytes, "gpu_allocated_bytes": p.gpu_allocated_bytes, "host_bytes": p.host_bytes,
             "nvme_bytes": p.nvme_bytes, "fits": p.fits, "problems": p.problems(), "notes": list(p.notes)}

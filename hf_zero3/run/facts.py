@@ -40,6 +40,8 @@ class RunFacts:
     from_scratch: bool
     activation_checkpointing: bool = False
     liger: bool = False
+    activation_offload: bool = False
+    """`activation_offload: true` (the ds_config's cpu_checkpointing says the same; the planner reads that itself)."""
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""
@@ -67,7 +69,7 @@ class RunFacts:
                    seq_len=int(get("block_size")),
                    from_scratch=not values.get("model_name_or_path"),
                    activation_checkpointing=bool(get("gradient_checkpointing")),
-                   liger=bool(get("use_liger_kernel")))
+                   liger=bool(get("use_liger_kernel")), activation_offload=bool(get("activation_offload")))
 
     @classmethod
     def from_args(cls, training_args: Any, seq_len: int, model_config: Any = None,
@@ -79,7 +81,8 @@ class RunFacts:
                    grad_accum=training_args.gradient_accumulation_steps,
                    seq_len=seq_len, from_scratch=from_scratch,
                    activation_checkpointing=bool(training_args.gradient_checkpointing),
-                   liger=bool(getattr(training_args, "use_liger_kernel", False)))
+                   liger=bool(getattr(training_args, "use_liger_kernel", False)),
+                   activation_offload=bool(getattr(training_args, "activation_offload", False)))
 
 
 def global_batch_of(training_args: Any) -> int:

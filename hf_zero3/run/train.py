@@ -85,6 +85,12 @@ class TrainingArguments(transformers.TrainingArguments):
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
                                      "skipped on such steps either way)."})
+    activation_offload: bool = field(
+        default=False, metadata={"help": "Keep the activations the decoder saves for backward in pinned host memory, "
+                                         "copied back ahead of use on side CUDA streams (with gradient_checkpointing: "
+                                         "the checkpointed layer inputs). Also on when the ds_config says "
+                                         "activation_checkpointing.cpu_checkpointing: true. "
+                                         "See hf_zero3/run/activation_offload.py."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -538,6 +544,24 @@ def _explain_oom(error: BaseException, model_config, training_args, seq_len: int
           f"{advice}", file=sys.stderr, flush=True)
 
 
+def _maybe_offload_activations(model, training_args) -> None:
+    """Activation offload when asked by `activation_offload` or by the ds_config's `cpu_checkpointing`; the
+    TrainingArguments field is set either way, so run_config.json records what ran."""
+    from hf_zero3.run import activation_offload
+
+    ds = training_args.hf_deepspeed_config.config if training_args.deepspeed else None
+    by_ds = activation_offload.requested_by_ds_config(ds)
+    if not (training_args.activation_offload or by_ds):
+        return
+    training_args.activation_offload = True
+    activation_offload.enable(model)
+    if is_world_process_zero():
+        why = "ds_config activation_checkpointing.cpu_checkpointing" if by_ds else "activation_offload"
+        decoder = type(activation_offload.decoder_of(model)).__name__
+        print(f"hf_zero3: activation offload on ({why}): what {decoder} saves for backward lives in host memory",
+              flush=True)
+
+
 def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: dict[str, Any]) -> None:
     """The resolved arguments and the ds_config as the bridge filled it: what actually ran.
 
@@ -603,6 +627,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )
+    _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), *callbacks])
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)

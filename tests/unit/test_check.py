@@ -157,6 +157,14 @@ def test_noop_activation_checkpointing_block_is_a_warning_with_the_alternative()
     assert any("HF models never call" in w and "gradient_checkpointing: true" in w for w in warnings)
 
 
+def test_cpu_checkpointing_is_applied_by_train_and_named_a_no_op_for_plain_scripts():
+    config = edit("activation_checkpointing", {"cpu_checkpointing": True})
+    assert not any("activation_checkpointing" in w for w in messages(config, level="warning"))
+    infos = [m for m in messages(config, level="info") if "activation offload" in m]
+    assert len(infos) == 1 and "plain `--deepspeed` script it does nothing unless" in infos[0], infos
+    assert "activation_offload.enable(model)" in infos[0]
+
+
 def test_stage3_without_gathered_weights_is_a_warning():
     config = edit("zero_optimization.stage3_gather_16bit_weights_on_model_save", False)
     assert any("writes no usable weights" in w for w in messages(config, level="warning"))
@@ -172,7 +180,9 @@ def test_check_seed_config_reports_what_the_seed_gets_wrong(capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "micro batch = 1 is implied (32 / 4 / 8)" in out
-    assert "activation_checkpointing: this block" in out and "gradient_checkpointing: true" in out
+    assert "activation_checkpointing: partition_activations: only configures" in out
+    assert "gradient_checkpointing: true" in out
+    assert "cpu_checkpointing: applied by `hf-zero3 train` as activation offload" in out
     assert "the optimizer is offloaded but there is no optimizer block" in out
     assert "prefer bf16" in out
     assert "1 error(s)" in out
@@ -184,7 +194,8 @@ def test_new_like_seed_writes_the_corrected_equivalent(tmp_path, capsys):
     err = capsys.readouterr().err
     fixed = json.loads(out_file.read_text())
     assert fixed["optimizer"]["type"] == "AdamW"
-    assert "activation_checkpointing" not in fixed and "gradient_checkpointing" in err
+    assert fixed["activation_checkpointing"] == {"cpu_checkpointing": True}  # train applies it: activation offload
+    assert "gradient_checkpointing" in err and "kept cpu_checkpointing: true" in err
     assert (fixed["train_batch_size"], fixed["gradient_accumulation_steps"],
             fixed["train_micro_batch_size_per_gpu"]) == (32, 4, 1)
     zero = fixed["zero_optimization"]

@@ -280,8 +280,8 @@ def test_nvme_is_the_last_resort():
 def test_nothing_fits_names_the_gpu_memory_needed():
     choice = choose(S70, _gpus(1, 1, 8 * GB, 64 * GB), 4096)  # checkpointed activations alone exceed 8 GB
     assert not choice.fits and choice.plan is None
-    assert ("The most frugal option, ZeRO-3 + offload optimizer (cpu) and params (cpu) + checkpointing (micro batch "
-            "1), needs 16.3 GB per GPU") in choice.advice
+    assert ("The most frugal option, ZeRO-3 + offload optimizer (cpu) and params (cpu) + checkpointing + activation "
+            "offload (micro batch 1), needs 10.0 GB per GPU") in choice.advice
     assert "pass --nvme-path" in choice.advice
 
 
@@ -314,6 +314,10 @@ def test_oom_advice_takes_the_cheapest_more_frugal_step():
     assert advice.endswith("Next step (predicted 24.3 GB: ZeRO-3 + checkpointing, micro batch 1): "
                            "--gradient_checkpointing true")
     advice = oom_advice(S7, _gpus(), Training(4096, 1, 8), ZeroSpec(stage=3, activation_checkpointing=True))
+    assert advice.endswith("Next step (predicted 23.1 GB: ZeRO-3 + checkpointing + activation offload, micro batch "
+                           "1): --activation_offload true")
+    advice = oom_advice(S7, _gpus(), Training(4096, 1, 8),
+                        ZeroSpec(stage=3, activation_checkpointing=True, activation_offload=True))
     assert "`hf-zero3 config new --precision bf16 --stage 3 --offload-optimizer cpu -o ds_config.planned.json`" \
            in advice
     s8 = load_shape("8b")
