@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
     hw = parser.add_argument_group("hardware (default: this machine)")
+    hw.add_argument("--hardware", metavar="PROFILE",
+                    help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
+                    "dgx-a100-80, dgx-h100, h200x1, h200x2): its GPUs, GPU memory, host RAM and NVMe; the flags "
+                    "below override single figures")
+    hw.add_argument("--headroom", type=float, default=0.0,
+                    help="fraction of GPU memory, host RAM and NVMe to leave free, e.g. 0.1 (default 0)")
     hw.add_argument("--nodes", type=positive_int, default=1)
     hw.add_argument("--gpus", type=positive_int, help="GPUs per node")
     hw.add_argument("--gpu-mem", type=parse_size, help="memory per GPU, e.g. 40GB, 80GiB")
@@ -74,18 +80,33 @@ def _liger(flag: bool | None) -> tuple[bool, str]:
     return False, "off (liger-kernel not installed here; --liger plans for a machine that has it)"
 
 
+def _hardware(args: argparse.Namespace):
+    """A named profile (single figures overridden by the flags), else the flags and this machine."""
+    import dataclasses
+
+    from hf_zero3.plan.hardware import detect_hardware
+    from hf_zero3.plan.profiles import get
+
+    if not args.hardware:
+        hardware = detect_hardware(nodes=args.nodes, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem,
+                                   host_ram=args.host_ram, nvme_path=args.nvme_path, nvme_free=args.nvme_free)
+        return dataclasses.replace(hardware, headroom=args.headroom)
+    hardware = get(args.hardware).hardware(args.nodes, args.headroom, args.nvme_path)
+    given = {"gpus_per_node": args.gpus, "gpu_mem": args.gpu_mem, "host_ram": args.host_ram,
+             "nvme_free": args.nvme_free}
+    return dataclasses.replace(hardware, **{k: v for k, v in given.items() if v is not None})
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     from hf_zero3.config.presets import render
-    from hf_zero3.plan.hardware import detect_hardware
     from hf_zero3.plan.memory import PlanError, choose
     from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json
     from hf_zero3.plan.shapes import ModelError
 
     try:
         shape = _shape(args)
-        hardware = detect_hardware(nodes=args.nodes, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem,
-                                   host_ram=args.host_ram, nvme_path=args.nvme_path, nvme_free=args.nvme_free)
+        hardware = _hardware(args)
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
@@ -110,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
             "hardware": {"nodes": hardware.nodes, "gpus_per_node": hardware.gpus_per_node,
                          "gpu_mem": hardware.gpu_mem, "host_ram": hardware.host_ram,
                          "nvme_path": hardware.nvme_path, "nvme_free": hardware.nvme_free,
+                         "profile": args.hardware, "headroom": hardware.headroom,
                          "detected": list(hardware.detected)},
             "fits": choice.fits,
             "liger": liger,

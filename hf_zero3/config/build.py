@@ -117,6 +117,8 @@ def _offload(offload, *, param: bool) -> dict[str, Any]:
         if param:
             block["buffer_size"] = offload.buffer_size
             block["max_in_cpu"] = offload.max_in_cpu
+    if not param and offload.ratio < 1.0:
+        block["ratio"] = offload.ratio
     return block
 
 

@@ -439,6 +439,7 @@ def _zero(config: dict) -> list[Finding]:
                                 "passes torch AdamW, which DeepSpeed refuses with ZeRO-Offload (or runs slowly "
                                 "on CPU). Add " + json.dumps({"optimizer": OFFLOADED_OPTIMIZER_BLOCK})
                                 + " (hf-zero3 config new does)"))
+    findings += _partial_offload(config, stage, opt_device)
     for which, device in (("offload_param", param_device), ("offload_optimizer", opt_device)):
         if device == "nvme":
             findings += _nvme_path(f"zero_optimization.{which}.nvme_path",
@@ -474,6 +475,32 @@ def _activation_checkpointing(block: Any) -> list[Finding]:
                                 "call: it does nothing. Remove it and set TrainingArguments gradient_checkpointing: "
                                 "true with gradient_checkpointing_kwargs: {use_reentrant: false}"))
     return findings
+
+
+def _partial_offload(config: dict, stage: Any, opt_device: Any) -> list[Finding]:
+    """`offload_optimizer.ratio` (partial offload): what DeepSpeed 0.19 asserts or silently ignores."""
+    key, ratio = "zero_optimization.offload_optimizer.ratio", _get(config, "zero_optimization.offload_optimizer.ratio")
+    if ratio is None:
+        return []
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        return [Finding("error", key, f"must be a number in (0, 1] (got {ratio!r}): the fraction of the optimizer "
+                                      "states stepped on the CPU; 1.0 offloads them all")]
+    if ratio == 1:
+        return []
+    found = []
+    if stage != 3:
+        found.append(Finding("error", key, f"partial offload needs ZeRO stage 3 (stage is {stage}; DeepSpeed asserts): "
+                                           "set zero_optimization.stage to 3 or remove ratio"))
+    if opt_device != "cpu":
+        found.append(Finding("error", key, f'partial offload needs offload_optimizer.device "cpu" (is {opt_device!r}): '
+                                           "the GPU part is stepped by torch AdamW, the rest by DeepSpeedCPUAdam; "
+                                           'set device "cpu" or remove ratio'))
+    opt_type = str(_get(config, "optimizer.type", "")).lower()
+    if opt_device == "cpu" and (opt_type not in ("adam", "adamw") or config.get("zero_force_ds_cpu_optimizer") is False):
+        found.append(Finding("error", key, "partial offload needs DeepSpeedCPUAdam (DeepSpeed asserts 'Hybrid Optimizer "
+                                           'Only Supports DeepSpeedCPUAdam\'): use the optimizer block {"type": "AdamW", '
+                                           '"params": {...}} (hf-zero3 config new writes it)'))
+    return found
 
 
 def _nvme_path(key: str, path: Any) -> list[Finding]:

@@ -34,7 +34,7 @@ _TOP_FIELDS = {
 }
 _REBUILT = {"zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "aio", "activation_checkpointing",
             *_TOP_FIELDS}
-_OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"}
+_OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "ratio"}
 
 
 def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -> tuple[ZeroSpec, list[str]]:
@@ -59,6 +59,8 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
             if which == "offload_optimizer":
                 fields[which].pop("buffer_size", None)
                 fields[which].pop("max_in_cpu", None)
+            else:
+                fields[which].pop("ratio", None)
     if zero:
         notes.append(f"not carried over from zero_optimization (not modelled; re-add by hand): {sorted(zero)}")
     for key, field in _TOP_FIELDS.items():

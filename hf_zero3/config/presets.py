@@ -58,8 +58,22 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     "7b": ZeroSpec(stage=2, precision="bf16"),
     # Llama-2-13B on 8x A100-80GB: ZeRO-2 fits only with activation checkpointing (gradient_checkpointing in the YAML).
     "13b": ZeroSpec(stage=2, precision="bf16", activation_checkpointing=True),
-    # Llama-2-70B on 8x A100-40GB (the seed's case): ZeRO-3 + optimizer states in host RAM + checkpointing.
-    "70b": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu"), activation_checkpointing=True),
+    # Llama-2-70B on 8x A100-40GB (v2): the planner's choice with 10% headroom for p4d.24xlarge, nd-a100-v4 and
+    # 2 x a2-highgpu-4g (`hf-zero3 plan --model 70b --hardware p4d.24xlarge --headroom 0.1 --global-batch 64`):
+    # ZeRO-3 + optimizer states on NVMe (ZeRO-Infinity) + checkpointing. v1 put them in host RAM: 1,362.7 GB per
+    # node, more than any of those nodes has. Sub-groups of 1e8 keep the pinned NVMe swap buffers small.
+    "70b": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="nvme", nvme_path=NVME_PLACEHOLDER),
+                    sub_group_size=100_000_000, activation_checkpointing=True),
+    # The largest full fine-tune on the lent 2 x H200 box (256 GiB host, 128 GiB disk): a 20.7B Llama. Partial
+    # optimizer offload: 5 of 11 sub-groups of fp32 master weights + Adam states stay on each GPU (ratio 0.5), the
+    # rest in host RAM; checkpointing (`hf-zero3 plan --model 20b-h200x2 --hardware h200x2 --headroom 0.1`).
+    "20b-h200x2": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5),
+                           activation_checkpointing=True),
+    # The largest full fine-tune on the lent 1 x H200 box (125 GiB host, 64 GiB disk): a 10.7B Llama (SOLAR-10.7B's
+    # shape), partial offload ratio 0.4, checkpointing (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1
+    # --headroom 0.1`).
+    "10b-h200x1": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4),
+                           activation_checkpointing=True),
 }
 
 

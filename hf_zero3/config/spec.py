@@ -48,11 +48,18 @@ class OptimizerOffload(Strict):
     """Page-locked host buffers: faster host<->GPU copies, but the RAM cannot be swapped."""
     buffer_count: int = Field(4, ge=1)
     """Swap buffers for NVMe offload (DeepSpeed's default: 4)."""
+    ratio: float = Field(1.0, gt=0.0, le=1.0)
+    """Partial offload (`offload_optimizer.ratio`, ZeRO-3 + device "cpu" only): the fraction of the optimizer's
+    sub-groups stepped on the CPU; the first (1 - ratio) of them keep fp32 master weights, Adam m, v and fp32
+    gradients on the GPU (stepped by torch AdamW). DeepSpeed 0.19 `stage3.py::_create_fp32_partitions`."""
 
     @model_validator(mode="after")
     def _nvme_needs_path(self) -> OptimizerOffload:
         if self.device == "nvme" and not self.nvme_path:
             raise ValueError('device "nvme" needs nvme_path: a directory on a local NVMe mount')
+        if self.ratio < 1.0 and self.device != "cpu":
+            raise ValueError(f'ratio {self.ratio} (partial offload) needs device "cpu" (device is "{self.device}"): '
+                             'set device "cpu" or ratio 1.0')
         return self
 
 
@@ -141,6 +148,9 @@ class ZeroSpec(Strict):
             problems.append(f"offload_param needs stage 3 (stage is {self.stage}): set stage 3 or drop it")
         if self.offload_optimizer.device != "none" and self.stage == 0:
             problems.append("offload_optimizer needs ZeRO stage 1, 2 or 3: set stage 3")
+        if self.offload_optimizer.ratio < 1.0 and self.stage != 3:
+            problems.append(f"offload_optimizer.ratio {self.offload_optimizer.ratio} (partial offload) needs ZeRO "
+                            f"stage 3 (stage is {self.stage}): set stage 3 or ratio 1.0")
         for name in ("gradient_clipping",):
             value = getattr(self, name)
             if value != "auto" and value < 0:

@@ -72,6 +72,8 @@ class Hardware:
     detected: tuple[str, ...] = ()
     """Which fields were read from this machine rather than given (shown, so nobody plans a cluster
     with a laptop's RAM by accident)."""
+    headroom: float = 0.0
+    """Fraction of GPU memory, host RAM and NVMe a plan must leave free to fit (0.1: use at most 90%)."""
 
     def __post_init__(self):
         problems = []
@@ -83,12 +85,18 @@ class Hardware:
             problems.append("GPU memory must be > 0: pass --gpu-mem SIZE (e.g. 40GB, 80GiB)")
         if self.host_ram is not None and self.host_ram <= 0:
             problems.append("host RAM must be > 0: pass --host-ram SIZE (e.g. 512GiB)")
+        if not 0 <= self.headroom < 1:
+            problems.append(f"headroom must be in [0, 1) (got {self.headroom}): pass --headroom 0.1 for 10%")
         if problems:
             raise PlanError("; ".join(problems))
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def usable(self, capacity: int) -> int:
+        """What a plan may use of `capacity` (GPU memory, host RAM or NVMe) after the headroom."""
+        return int(capacity * (1 - self.headroom))
 
 
 @dataclass(frozen=True)
@@ -193,7 +201,7 @@ class Plan:
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_bytes <= self.hardware.gpu_mem
+        return self.gpu_bytes <= self.hardware.usable(self.hardware.gpu_mem)
 
     @property
     def tight(self) -> bool:
@@ -202,11 +210,12 @@ class Plan:
 
     @property
     def fits_host(self) -> bool:
-        return self.hardware.host_ram is None or self.host_bytes <= self.hardware.host_ram
+        return self.hardware.host_ram is None or self.host_bytes <= self.hardware.usable(self.hardware.host_ram)
 
     @property
     def fits_nvme(self) -> bool:
-        return self.nvme_bytes == 0 or (bool(self.hardware.nvme_path) and self.nvme_bytes <= self.hardware.nvme_free)
+        return self.nvme_bytes == 0 or (bool(self.hardware.nvme_path)
+                                        and self.nvme_bytes <= self.hardware.usable(self.hardware.nvme_free))
 
     @property
     def fits(self) -> bool:
@@ -219,10 +228,11 @@ class Plan:
     def problems(self) -> list[str]:
         """Why it does not fit, one line per resource."""
         hw, out = self.hardware, []
+        room = f" less {hw.headroom:.0%} headroom" if hw.headroom else ""
         if not self.fits_gpu:
-            out.append(f"GPU needs {gb(self.gpu_bytes)} of {gb(hw.gpu_mem)}")
+            out.append(f"GPU needs {gb(self.gpu_bytes)} of {gb(hw.gpu_mem)}{room}")
         if not self.fits_host:
-            out.append(f"host RAM needs {gb(self.host_bytes)} per node of {gb(hw.host_ram)}")
+            out.append(f"host RAM needs {gb(self.host_bytes)} per node of {gb(hw.host_ram)}{room}")
         if not self.fits_nvme:
             have = f"{gb(hw.nvme_free)} free at {hw.nvme_path}" if hw.nvme_path else "none (pass --nvme-path)"
             out.append(f"NVMe needs {gb(self.nvme_bytes)} per node of {have}")
@@ -247,6 +257,8 @@ def describe(spec: ZeroSpec) -> str:
     """A short human name of a spec's memory-relevant choices."""
     text = f"ZeRO-{spec.stage}"
     opt, prm = spec.offload_optimizer.device, spec.offload_param.device
+    if opt == "cpu" and spec.offload_optimizer.ratio < 1:
+        opt = f"cpu, ratio {spec.offload_optimizer.ratio:g}"
     if opt != "none" and prm != "none":
         text += f" + offload optimizer ({opt}) and params ({prm})"
     elif opt != "none":
@@ -294,6 +306,18 @@ def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_ac
             "batches per step), overlapped with compute on side streams")
 
 
+def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int) -> tuple[int, int, int]:
+    """Partial offload (`offload_optimizer.ratio` < 1): elements per rank whose fp32 states stay on the GPU, the
+    rank's sub-groups, and how many of them stay. DeepSpeed 0.19 keeps sub-group i on the GPU when
+    i < int((1 - ratio) x sub-groups), so the split moves in whole sub-groups: one sub-group keeps nothing."""
+    opt = spec.offload_optimizer
+    if spec.stage != 3 or opt.device != "cpu" or opt.ratio >= 1:
+        return 0, 1, 0
+    groups = max(1, math.ceil(state_n / spec.sub_group_size))
+    kept_groups = int((1 - opt.ratio) * groups)
+    return min(state_n, kept_groups * spec.sub_group_size), groups, kept_groups
+
+
 def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
     """Memory needed by one configuration: per GPU, per node of host RAM, per node of NVMe."""
     b, P, H = element_bytes(spec.precision), shape.params, shape.hidden
@@ -317,11 +341,22 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
         add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n)}")
-    add(place[opt], "fp32 master weights + Adam m, v", 12 * state_n, f"(4 + 8) B x {shard(state_n)}")
-    sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n
-    add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n else ""), 4 * sub_group,
-        f"4 B x {shard(state_n)}" if sub_group == state_n else f"4 B x sub_group_size {_count(sub_group)}",
-        phase="step")
+    kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n)
+    if kept:  # partial offload: the first sub-groups keep their fp32 states and gradients on the GPU
+        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n)} (ratio {spec.offload_optimizer.ratio:g}: "
+                 f"int((1 - ratio) x {groups}) stay)")
+        add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
+        add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
+        step_tmp = min(spec.sub_group_size, kept)
+        add("gpu", "torch AdamW temporaries (GPU sub-groups)", 4 * step_tmp,
+            f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
+            phase="step")
+    rest = f" less the {_count(kept)} on the GPU" if kept else ""
+    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n)}{rest}")
+    sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n - kept
+    add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
+        4 * sub_group, f"4 B x {shard(state_n)}{rest}" if sub_group == state_n - kept
+        else f"4 B x sub_group_size {_count(sub_group)}", phase="step")
     if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
         add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n)}",
             "buffer", phase="step")
@@ -395,7 +430,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
     margin, tight = GPU_MARGIN[stage], GPU_MARGIN_NEAR_FULL.get(stage)
-    left = hardware.gpu_mem - CUDA_CONTEXT_BYTES - allocated
+    left = hardware.usable(hardware.gpu_mem) - CUDA_CONTEXT_BYTES - allocated
     if tight is not None and tight * allocated <= left < margin * allocated:
         add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
             f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
@@ -422,12 +457,16 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
 
 # --- choosing -------------------------------------------------------------------------------------
 
+PARTIAL_OFFLOAD_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+"""The `offload_optimizer.ratio` values the chooser tries (ZeRO-3, cpu): the least offload that fits wins."""
+
 def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     """The configurations considered (each also with checkpointing, and with checkpointing + activation offload);
     `cost_key` orders them."""
     z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
                          for n in ("zero2", "zero3", "zero3_offload_optimizer", "zero3_offload_all"))
     specs = [z2, z3, opt, both]
+    specs += [{**opt, "offload_optimizer": {"device": "cpu", "ratio": r}} for r in PARTIAL_OFFLOAD_RATIOS]
     if hardware.nvme_path:
         nvme = {"device": "nvme", "nvme_path": hardware.nvme_path}
         small = {"sub_group_size": 100_000_000}  # NVMe swap buffers are sized by the sub-group
@@ -436,9 +475,12 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     return [ZeroSpec(**{**s, "precision": precision}) for s in specs]
 
 
-def _offload_level(spec: ZeroSpec) -> tuple[int, int]:
+def _offload_level(spec: ZeroSpec) -> tuple[float, float]:
+    """Less is faster: none 0, cpu its ratio (partial offload between none and all), nvme 2; optimizer + params."""
     rank = {"none": 0, "cpu": 1, "nvme": 2}
     opt, prm = rank[spec.offload_optimizer.device], rank[spec.offload_param.device]
+    if spec.offload_optimizer.device == "cpu":
+        opt = spec.offload_optimizer.ratio
     return opt + prm, opt
 
 
@@ -477,8 +519,13 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
                load_bytes: int | None = None, liger: bool = False) -> list[Plan]:
     """Every configuration the planner considers, cheapest first."""
-    plans = []
+    plans, kept_seen = [], set()
     for rung in _rungs(hardware, precision):
+        if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
+            kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
+            if kept == 0 or kept in kept_seen:
+                continue
+            kept_seen.add(kept)
         for checkpointing, offload in ((False, False), (True, False), (True, True)):
             for micro, accum in micro_batches(hardware, global_batch, micro_batch):
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,

@@ -365,7 +365,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     from hf_zero3.plan.hardware import detect_hardware
     from hf_zero3.plan.memory import PlanError, Training, choose, gb, plan
     from hf_zero3.plan.report import print_choice
-    from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_shape
+    from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_config_shape, load_shape
     from hf_zero3.run.distributed import cuda_available
 
     sizes = {}
@@ -385,7 +385,8 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     from_scratch = facts.from_scratch or _flag(env, "FROM_CONFIG", [])
     load_bytes = 4 if from_scratch else None
     try:
-        shape = load_shape(str(model))
+        overrides = None if env.get("MODEL", "").strip() else values.get("config_overrides")
+        shape = load_config_shape(str(model), overrides=overrides) if overrides else load_shape(str(model))
         hardware = detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
                                    host_ram=sizes["HOST_RAM"])
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),

@@ -251,10 +251,12 @@ def test_offload_without_optimizer_block_is_fine_when_the_user_forces_a_client_o
 def test_like_notes_every_value_it_does_not_carry(tmp_path, capsys):
     from hf_zero3.config.convert import spec_from_ds_config
 
-    _, notes = spec_from_ds_config({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
-                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
-                                                                                            "ratio": 0.5}}})
-    assert any("['ratio']" in n for n in notes) and any("'lr': 0.0003" in n and "--learning_rate" in n for n in notes)
+    spec, notes = spec_from_ds_config({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+                                       "zero_optimization": {"stage": 3, "offload_optimizer": {
+                                           "device": "cpu", "ratio": 0.5, "pipeline_read": True}}})
+    assert any("['pipeline_read']" in n for n in notes) and any("'lr': 0.0003" in n and "--learning_rate" in n
+                                                                for n in notes)
+    assert spec.offload_optimizer.ratio == 0.5  # partial offload is modelled, so it is carried over
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"}}))
     assert cli(["config", "new", "--like", str(bad)]) == 2
