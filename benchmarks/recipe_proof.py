@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from hf_zero3.argtypes import parse_size  # noqa: E402
 from hf_zero3.config.build import build_ds_config, training_args_overrides  # noqa: E402
-from hf_zero3.config.presets import RECIPE_CONFIGS  # noqa: E402
+from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
 from hf_zero3.config.spec import ZeroSpec  # noqa: E402
 from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
 from hf_zero3.plan.shapes import NAMED_SHAPES, with_changes  # noqa: E402
@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ram", type=parse_size, required=True)
     ap.add_argument("--layers", type=int, help="layer-scaled: this many layers at the recipe's exact width")
     ap.add_argument("--as-shipped", action="store_true", help="the recipe's ds_config, not the planner's choice")
+    ap.add_argument("--spec", help="with --as-shipped: this named spec (ds_configs/<name>.json, or a recipe's) "
+                    "instead of the recipe's, e.g. zero3_offload_optimizer for the 70b recipe's v1")
     ap.add_argument("--micro", type=int, help="with --as-shipped: the micro batch (default: the recipe's)")
     ap.add_argument("--accum", type=int, help="with --as-shipped: the accumulation (default: the recipe's)")
     ap.add_argument("--seq-len", type=int, default=4096)
@@ -121,11 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         micro = args.micro or values.get("per_device_train_batch_size", 1)
         accum = args.accum or values.get("gradient_accumulation_steps", 1)
         liger = bool(values.get("use_liger_kernel")) and liger
-        spec = ZeroSpec(**{**RECIPE_CONFIGS[args.recipe].model_dump(exclude_unset=True), "precision": precision,
+        base = {**STANDALONE_CONFIGS, **RECIPE_CONFIGS}[args.spec or args.recipe]
+        spec = ZeroSpec(**{**base.model_dump(exclude_unset=True), "precision": precision,
                            "activation_checkpointing": bool(values.get("gradient_checkpointing"))})
+        if args.spec:
+            (variant_dir / "ds_config.json").write_text(render(build_ds_config(spec)))
         planned = plan(shape, hardware, Training(args.seq_len, micro, accum, load_bytes=4, liger=liger), spec)
         overrides = ["--per_device_train_batch_size", str(micro), "--gradient_accumulation_steps", str(accum)]
-        how = "the recipe's ds_config as shipped"
+        how = f"the {args.spec} spec with the recipe's arguments" if args.spec else "the recipe's ds_config as shipped"
     else:
         choice = choose(shape, hardware, args.seq_len, precision=precision, load_bytes=4, liger=liger)
         if not choice.fits:
