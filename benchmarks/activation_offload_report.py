@@ -45,9 +45,9 @@ def longest(records: list[dict]) -> dict[str, tuple[int | None, int | None, floa
 def render(folder: Path) -> str:
     records = load(folder)
     rows = measures(records)
-    lines = ["| seq | mode | tokens/s/GPU | step s | decoder leaves on GPU (GiB) | held after forward (GiB) | "
+    lines = [("| seq | mode | tokens/s/GPU | step s | decoder leaves on GPU (GiB) | held after forward (GiB) | "
              "fwd+bwd peak above rest (GiB) | peak allocated (GiB) | peak reserved (GiB) | moved to host (GiB) | "
-             "pinned host (GiB) |", "|" + "---|" * 11]
+             "pinned host (GiB) |"), "|" + "---|" * 11]
     for seq in sorted({s for s, _ in rows}):
         for mode in MODES:
             r = rows.get((seq, mode))
