@@ -3,8 +3,8 @@
 # ZeRO-3 (recipes/8b/ds_config.json), bf16, Liger, sdpa, non-reentrant gradient checkpointing, micro batch 1.
 #   1. benchmarks/activation_offload_bench.py once without and once with offload: seq 4096 and 16384 (5 steps
 #      each; medians of steps 3-5), then the longest sequence that fits one step under a GPU cap of the states held
-#      between steps + CAP_GIB (default 28: the step's 16 GiB of fp32 gradients, gathered parameters and ~20 GiB of
-#      activations; on the whole 141 GB the search would take minutes per attempt), stopping at the first OOM.
+#      between steps + CAP_GIB (default 24: gathered parameters, the step's 4 GiB fp32 gradient sub-group and ~16 GiB
+#      for activations; on the whole 141 GB the search would take minutes per attempt), stopping at the first OOM.
 #   2. `hf-zero3 train` with --activation_offload true, 4 steps at 4096 (the Trainer path end to end).
 #   3. optional (ONE_GPU_3B=1): a ~3B Llama on 1 GPU, without and with offload.
 # Every run sits in its own `timeout`; everything lands in OUT as it comes. About 6-7 minutes in all.
@@ -15,9 +15,9 @@ set -uo pipefail
 OUT=${1:-${OUT:-outputs/activation-offload}}
 mkdir -p "$OUT"
 start=$(date +%s)
-CAP_GIB=${CAP_GIB:-28}
+CAP_GIB=${CAP_GIB:-24}
 GPUS=${GPUS:-2}
-SEARCH=${SEARCH:-24576,32768,40960,49152,57344,65536,81920,98304}
+SEARCH=${SEARCH:-16384,24576,32768,40960,49152,57344,65536,81920}
 MODEL=${MODEL:-outputs/llama3-8b} DS_CONFIG=${DS_CONFIG:-recipes/8b/ds_config.json} SEQS=${SEQS:-4096,16384}
 # CPU plumbing check: MODEL=assets/tiny/model DS_CONFIG=recipes/tiny/ds_config.json SEQS=128,256 SEARCH=256,512 \
 #   TRAIN_BLOCK=128 bash benchmarks/gpu_activation_offload.sh /tmp/ao   (with a stub .whl/install.sh)
@@ -34,9 +34,9 @@ for mode in checkpointing offload; do
   flag=$([ $mode = offload ] && echo --offload)
   port=$((port + 1))
   echo "[$(elapsed) s] 8b $mode" | tee -a "$OUT/progress.txt"
-  timeout 190 deepspeed --num_gpus "$GPUS" --master_port $port benchmarks/activation_offload_bench.py \
+  timeout 210 deepspeed --num_gpus "$GPUS" --master_port $port benchmarks/activation_offload_bench.py \
     --config "$MODEL" --ds-config "$DS_CONFIG" --out "$OUT/8b" $flag --seqs "$SEQS" --steps 5 \
-    --search "$SEARCH" --cap-above-rest-gib "$CAP_GIB" --search-budget-s 60 > "$OUT/8b_$mode.log" 2>&1
+    --search "$SEARCH" --cap-above-rest-gib "$CAP_GIB" --search-budget-s 75 > "$OUT/8b_$mode.log" 2>&1
   echo "[$(elapsed) s] 8b $mode: exit $? (3 = reached an OOM in the search, as intended)" | tee -a "$OUT/progress.txt"
   grep "bench:" "$OUT/8b_$mode.log" | tail -20
   nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/progress.txt" 2>&1
@@ -70,3 +70,5 @@ PY
 fi
 free -g >> "$OUT/progress.txt"
 echo "[$(elapsed) s] done" | tee -a "$OUT/progress.txt"
+python3 benchmarks/activation_offload_report.py "$OUT/8b" > "$OUT/summary.md" 2>&1; cat "$OUT/summary.md"
+if [ -d "$OUT/3b" ]; then python3 benchmarks/activation_offload_report.py "$OUT/3b" > "$OUT/summary_3b.md" 2>&1; fi

@@ -144,6 +144,7 @@ class ActivationOffloader:
             seen[2].shared = True
             return seen[2]
         p = _Packed()
+        p.host = None  # set with the accounting below: `__del__` releases only what was held
         p.device, p.gpu, p.ready, p.shared, p.used, p.owner = t.device, None, None, False, False, self
         p.nbytes, p.saved_event = t.numel() * t.element_size(), None
         if t.is_cuda and self.use_streams:
@@ -157,12 +158,12 @@ class ActivationOffloader:
             t.record_stream(d2h)  # the allocator reuses t's memory only after the copy
         else:  # CPU, or synchronous: a separate host buffer
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t)
-        p.host = host
         p.index, p.order = len(self._order), self._order
         self._order.append(weakref.ref(p))
         self._seen[key] = (weakref.ref(root), t._version, p)
         self.stats.tensors += 1
         self.stats.bytes += p.nbytes
+        p.host = host
         self._hold(p.nbytes)
         return p
 

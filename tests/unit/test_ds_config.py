@@ -132,6 +132,22 @@ def test_activation_checkpointing_maps_to_training_args_not_deepspeed():
     assert training_args_overrides(spec)["gradient_checkpointing"] is True
 
 
+def test_activation_offload_is_written_as_cpu_checkpointing_and_read_back():
+    from deepspeed.runtime.activation_checkpointing.config import DeepSpeedActivationCheckpointingConfig
+
+    from hf_zero3.config.convert import spec_from_ds_config
+
+    spec = ZeroSpec(activation_checkpointing=True, activation_offload=True)
+    config = build_ds_config(spec)
+    assert config["activation_checkpointing"] == {"cpu_checkpointing": True}
+    assert "activation_offload" not in training_args_overrides(spec)  # not a stock TrainingArguments field
+    assert DeepSpeedActivationCheckpointingConfig(config).cpu_checkpointing is True  # DeepSpeed parses it
+    back, notes = spec_from_ds_config(config)
+    assert back.activation_offload and back.activation_checkpointing
+    assert any("applies as activation offload" in n for n in notes)
+    assert "activation_checkpointing" not in build_ds_config(ZeroSpec(activation_checkpointing=True))
+
+
 def test_nvme_writes_paths_and_aio_block():
     spec = ZeroSpec(offload_optimizer=OptimizerOffload(device="nvme", nvme_path="/nvme"),
                     offload_param=ParamOffload(device="nvme", nvme_path="/nvme"))
