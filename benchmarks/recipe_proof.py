@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value).lower()
                           if isinstance(value, bool) else str(value)]
         how = f"the planner's choice: {describe_plan(planned)}"
-    overrides += ["--use_liger_kernel", "true" if liger else "false"]
+    if "--use_liger_kernel" not in overrides:
+        overrides += ["--use_liger_kernel", "true" if liger else "false"]
     extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
              str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
              "--block_size", str(args.seq_len), *overrides]
@@ -152,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "hf_zero3", "bench", str(variant_dir), "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--gpus", str(args.gpus), "--label", name, "--suffix", "proof", "--out",
            str(args.out), "--work-dir", str(work / "runs")]
-    if args.against:
-        cmd += ["--against", args.against]
+    cmd += ["--against", args.against]  # bench's default adds the stock baseline: none unless asked
     if args.breakdown:
         cmd += ["--breakdown"]
     if args.run_timeout:
