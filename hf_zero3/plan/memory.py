@@ -59,7 +59,8 @@ class Hardware:
     host_ram: int | None
     """None: unknown, so not checked (the plan still reports what it needs)."""
     nvme_path: str | None = None
-    nvme_free: int = 0
+    nvme_free: int | None = 0
+    """None: unknown (the NVMe directory is on the training nodes, not here), so not checked."""
     detected: tuple[str, ...] = ()
     """Which fields were read from this machine rather than given (shown, so nobody plans a cluster
     with a laptop's RAM by accident)."""
@@ -205,8 +206,9 @@ class Plan:
 
     @property
     def fits_nvme(self) -> bool:
-        return self.nvme_bytes == 0 or (bool(self.hardware.nvme_path)
-                                        and self.nvme_bytes <= self.hardware.usable(self.hardware.nvme_free))
+        hw = self.hardware
+        return self.nvme_bytes == 0 or (bool(hw.nvme_path) and (
+            hw.nvme_free is None or self.nvme_bytes <= hw.usable(hw.nvme_free)))
 
     @property
     def fits(self) -> bool:
@@ -536,7 +538,7 @@ def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: li
                      f"{gb(frugal.gpu_bytes)} per GPU and {gb(frugal.host_bytes)} host RAM per node.")
     for nodes in range(hardware.nodes + 1, 8 * hardware.nodes + 65):
         bigger = Hardware(nodes, hardware.gpus_per_node, hardware.gpu_mem, hardware.host_ram, hardware.nvme_path,
-                          hardware.nvme_free)
+                          hardware.nvme_free, headroom=hardware.headroom)
         options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None})
         fit = next((p for p in options if p.fits), None)
         if fit is not None:
