@@ -9,6 +9,7 @@ an OOM. Every term, its formula and where it differs from DeepSpeed's estimator:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -252,6 +253,8 @@ def describe(spec: ZeroSpec) -> str:
     opt, prm = spec.offload_optimizer.device, spec.offload_param.device
     if opt == "cpu" and spec.offload_optimizer.ratio < 1:
         opt = f"cpu, ratio {spec.offload_optimizer.ratio:g}"
+    if opt != "none" and not spec.offload_optimizer.pin_memory:
+        opt += ", not pinned"
     if opt != "none" and prm != "none":
         text += f" + offload optimizer ({opt}) and params ({prm})"
     elif opt != "none":
@@ -293,9 +296,38 @@ def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int) -> tuple[int, int,
     opt = spec.offload_optimizer
     if spec.stage != 3 or opt.device != "cpu" or opt.ratio >= 1:
         return 0, 1, 0
-    groups = max(1, math.ceil(state_n / spec.sub_group_size))
-    kept_groups = int((1 - opt.ratio) * groups)
-    return min(state_n, kept_groups * spec.sub_group_size), groups, kept_groups
+    sizes = sub_groups(spec, state_n)
+    kept_groups = int((1 - opt.ratio) * len(sizes))
+    return sum(sizes[:kept_groups]), len(sizes), kept_groups
+
+
+def sub_groups(spec: ZeroSpec, state_n: int) -> list[int]:
+    """Elements of each optimizer sub-group of a rank: DeepSpeed closes a sub-group at the first parameter that takes
+    it to >= sub_group_size, so groups overshoot a little and a small remainder rides along (the 8b probe: 4.015B
+    elements per rank made 4 groups, measured through their pinned blocks); a remainder of 5% or more is a group."""
+    full, rest = divmod(state_n, spec.sub_group_size)
+    if full == 0:
+        return [state_n]
+    if rest < 0.05 * spec.sub_group_size:
+        return [state_n // full] * (full - 1) + [state_n - (state_n // full) * (full - 1)]
+    return [spec.sub_group_size] * full + [rest]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> list[int]:
+    """Bytes of each pinned host block ZeRO-3 with optimizer offload allocates per rank (DeepSpeed 0.19 stage3.py):
+    the flat 16-bit gradient partition; with device "cpu" one fp32 gradient buffer per CPU sub-group, and one more
+    block of a sub-group's size if some sub-groups stay on the GPU (their pinned staging copy, freed into torch's
+    cache and kept there); with "nvme" the optimizer's swap buffers."""
+    group = min(spec.sub_group_size, state_n)
+    if spec.offload_optimizer.device == "nvme":
+        return [grad_bytes] + [4 * group] * spec.offload_optimizer.buffer_count
+    sizes = sub_groups(spec, state_n)
+    kept_groups = len([None for total in itertools.accumulate(sizes) if total <= kept]) if kept else 0
+    return [grad_bytes] + [4 * n for n in sizes[kept_groups:]] + ([4 * max(sizes)] if kept else [])
 
 
 def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
@@ -348,6 +380,12 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
         add("host", "optimizer NVMe swap buffers (pinned)", swap,
             f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W)", "buffer")
+    if stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
+        blocks = pinned_blocks(spec, b * grad_n, state_n, kept)
+        add("host", "pinned buffers rounded up to powers of 2", sum(_pow2(x) - x for x in blocks),
+            f"torch's caching host allocator rounds each pinned block up to a power of 2: {len(blocks)} block(s), "
+            f"largest {gb(max(blocks))} -> {gb(_pow2(max(blocks)))} (measured: 24.0 GiB pinned per rank for 22.4)",
+            "buffer")
     if prm == "cpu":
         add("host", f"parameters, {8 * b}-bit, defragmentation copy", b * param_n,
             f"{b} B x {shard(param_n)}: made once at start; the pinned cache keeps it (measured)", "buffer")
@@ -433,7 +471,9 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
                          for n in ("zero2", "zero3", "zero3_offload_optimizer", "zero3_offload_all"))
     specs = [z2, z3, opt, both]
-    specs += [{**opt, "offload_optimizer": {"device": "cpu", "ratio": r}} for r in PARTIAL_OFFLOAD_RATIOS]
+    specs += [{**opt, "offload_optimizer": {"device": "cpu", "ratio": r, "pin_memory": pin}}
+              for pin in (True, False) for r in PARTIAL_OFFLOAD_RATIOS]
+    specs += [{**opt, "offload_optimizer": {"device": "cpu", "pin_memory": False}}]
     if hardware.nvme_path:
         nvme = {"device": "nvme", "nvme_path": hardware.nvme_path}
         small = {"sub_group_size": 100_000_000}  # NVMe swap buffers are sized by the sub-group
@@ -452,8 +492,10 @@ def _offload_level(spec: ZeroSpec) -> tuple[float, float]:
 
 
 def cost_key(p: Plan) -> tuple:
-    """Expected speed order: less offload, then no recomputation, then lower stage, then larger micro batch."""
-    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.stage, -p.training.micro_batch)
+    """Expected speed order: less offload, then no recomputation, then pinned host buffers (faster copies), then lower
+    stage, then larger micro batch."""
+    return (_offload_level(p.spec), p.spec.activation_checkpointing, not p.spec.offload_optimizer.pin_memory,
+            p.spec.stage, -p.training.micro_batch)
 
 
 def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int | None) -> list[tuple[int, int]]:
@@ -480,9 +522,10 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
     for rung in _rungs(hardware, precision):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
             kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
-            if kept == 0 or kept in kept_seen:
+            key = (kept, rung.offload_optimizer.pin_memory)
+            if kept == 0 or key in kept_seen:
                 continue
-            kept_seen.add(kept)
+            kept_seen.add(key)
         for checkpointing in (False, True):
             for micro, accum in micro_batches(hardware, global_batch, micro_batch):
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,

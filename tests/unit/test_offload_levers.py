@@ -69,7 +69,9 @@ def test_kept_sub_groups_follow_deepspeeds_int_rule():
 
 def test_partial_offload_moves_16_bytes_per_kept_element_from_host_to_gpu():
     training = Training(4096, 2, 2)
-    partial, full = plan(SHAPE, H200X2, training, PARTIAL), plan(SHAPE, H200X2, training, FULL)
+    unpinned = lambda spec: ZeroSpec(**{**spec.model_dump(), "offload_optimizer": {  # noqa: E731
+        **spec.offload_optimizer.model_dump(), "pin_memory": False}})
+    partial, full = plan(SHAPE, H200X2, training, unpinned(PARTIAL)), plan(SHAPE, H200X2, training, unpinned(FULL))
     kept = 5_000_000_000
     assert full.host_bytes - partial.host_bytes == pytest.approx(2 * 16 * kept * 1.05, rel=1e-6)  # 2 GPUs, 5% margin
     always = lambda p: p.phase_total("always")  # noqa: E731
@@ -117,3 +119,18 @@ def test_plan_cli_with_a_named_machine(capsys):
     assert "nothing fits 70b on 2 node(s) x 4 GPUs" in capsys.readouterr().out
     assert main(["plan", "--model", "70b", "--hardware", "p5"]) == 2
     assert "unknown hardware profile" in capsys.readouterr().err
+
+
+def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
+    """The 8b probe (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30/zero3_offload_opt_rank0.json) measured
+    24.000122 GiB pinned per rank: a 2^33 B block for the 8.03 GB bf16 gradient partition and four 2^32 B blocks for
+    the 4 GB fp32 gradient sub-groups (plus a small remainder): what `pinned_blocks` + rounding predict."""
+    from hf_zero3.plan.memory import _pow2, pinned_blocks
+
+    part = -(-8_030_261_248 // 2)
+    blocks = pinned_blocks(FULL, 2 * part, part, 0)
+    assert [_pow2(b) for b in blocks[:5]] == [2**33] + [2**32] * 4
+    assert sum(_pow2(b) for b in blocks) / GiB == pytest.approx(24.0, abs=0.01)
+    assert plan(SHAPE, H200X2, Training(4096, 2, 2), FULL).host_bytes > plan(
+        SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(**{**FULL.model_dump(), "offload_optimizer": {
+            "device": "cpu", "pin_memory": False}})).host_bytes
