@@ -51,6 +51,22 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class FixedTerms:
+    """The planner's terms that are not arithmetic over the model but properties of a machine type and its software:
+    measured per machine type with `benchmarks/memory_probe.py` (`hf_zero3/plan/profiles.py::FIXED_TERMS` holds
+    them, with the probe run that measured each, or says "estimate")."""
+
+    cuda_context: int = CUDA_CONTEXT_BYTES
+    """GPU bytes outside torch's allocator: CUDA context, NCCL buffers, kernels (NVML used - torch reserved)."""
+    host_per_rank: int = HOST_PER_RANK_BYTES
+    """Resident host bytes of one training process beyond what it holds for the model."""
+    gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
+    """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
+    gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
+    source: str = "measured on 2 x H200 (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30)"
+
+
+@dataclass(frozen=True)
 class Hardware:
     """The machines to plan for. Sizes in bytes; host RAM and NVMe are per node."""
 
@@ -67,6 +83,8 @@ class Hardware:
     with a laptop's RAM by accident)."""
     headroom: float = 0.0
     """Fraction of GPU memory, host RAM and NVMe a plan must leave free to fit (0.1: use at most 90%)."""
+    fixed: FixedTerms = FixedTerms()
+    """This machine type's fixed terms (default: the 2 x H200 probe's)."""
 
     def __post_init__(self):
         problems = []
@@ -435,8 +453,9 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
-    margin, tight = GPU_MARGIN[stage], GPU_MARGIN_NEAR_FULL.get(stage)
-    left = hardware.usable(hardware.gpu_mem) - CUDA_CONTEXT_BYTES - allocated
+    fixed = hardware.fixed
+    margin, tight = dict(fixed.gpu_margin)[stage], dict(fixed.gpu_margin_near_full).get(stage)
+    left = hardware.usable(hardware.gpu_mem) - fixed.cuda_context - allocated
     if tight is not None and tight * allocated <= left < margin * allocated:
         add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
             f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
@@ -445,10 +464,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     else:
         add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
             "overhead", False)
-    add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "measured: NVML used - torch reserved", "overhead",
+    add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}", "overhead",
         False)
     # Host RAM per node beyond offloaded states.
-    add("host", "training processes", HOST_PER_RANK_BYTES, f"{gb(HOST_PER_RANK_BYTES)} per rank", "overhead")
+    add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
     loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
     add("host", "loading weights", load_b * loading, f"{load_b} B x {_count(loading)}"
         + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
@@ -581,7 +600,7 @@ def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: li
                      f"{gb(frugal.gpu_bytes)} per GPU and {gb(frugal.host_bytes)} host RAM per node.")
     for nodes in range(hardware.nodes + 1, 8 * hardware.nodes + 65):
         bigger = Hardware(nodes, hardware.gpus_per_node, hardware.gpu_mem, hardware.host_ram, hardware.nvme_path,
-                          hardware.nvme_free, headroom=hardware.headroom)
+                          hardware.nvme_free, headroom=hardware.headroom, fixed=hardware.fixed)
         options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None})
         fit = next((p for p in options if p.fits), None)
         if fit is not None:

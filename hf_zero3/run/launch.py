@@ -428,14 +428,18 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
 
 
 def _with_profile_and_nvme(hardware, config: dict, target: Target):
-    """The target profile's host RAM and NVMe size (when its GPU count is the one launched and HOST_RAM is not
-    given), and the config's NVMe directory: its free space here if it exists, else the profile's, else unknown."""
+    """The target profile's fixed terms, its host RAM and NVMe size (when its GPU count is the one launched and
+    HOST_RAM is not given), and the config's NVMe directory: its free space here if it exists, else the profile's, else unknown."""
     import dataclasses
     import shutil
 
     from hf_zero3.plan.profiles import PROFILES
 
     machine = PROFILES.get(target.profile or "")
+    if machine is not None:  # the GPU type's fixed terms hold for any number of its GPUs
+        from hf_zero3.plan.profiles import FIXED_TERMS
+
+        hardware = dataclasses.replace(hardware, fixed=FIXED_TERMS[machine.gpu])
     if machine is not None and machine.gpus != hardware.gpus_per_node:
         machine = None  # e.g. 2 nodes x 4 GPUs: not the profile's node
     if machine is not None and hardware.host_ram is None:
