@@ -658,6 +658,8 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
                f"--stage {b.stage}"]
         offloads = (("optimizer", b.offload_optimizer), ("param", b.offload_param))
         cmd += [f"--offload-{which} {o.device}" for which, o in offloads if o.device != "none"]
+        cmd += [f"--offload-ratio {b.offload_optimizer.ratio:g}"] if b.offload_optimizer.ratio < 1 else []
+        cmd += ["--no-pin-memory"] if b.offload_optimizer.device != "none" and not b.offload_optimizer.pin_memory else []
         nvme = b.offload_optimizer.nvme_path or b.offload_param.nvme_path
         cmd += [f"--nvme-path {nvme}"] if nvme else []
         parts.append(f"`{' '.join(cmd)} -o ds_config.planned.json`, "

@@ -134,3 +134,19 @@ def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
     assert plan(SHAPE, H200X2, Training(4096, 2, 2), FULL).host_bytes > plan(
         SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(**{**FULL.model_dump(), "offload_optimizer": {
             "device": "cpu", "pin_memory": False}})).host_bytes
+
+
+def test_config_new_writes_partial_unpinned_offload_and_the_oom_advice_names_it(capsys):
+    assert main(["config", "new", "--stage", "3", "--offload-optimizer", "cpu", "--offload-ratio", "0.5",
+                 "--no-pin-memory"]) == 0
+    out = capsys.readouterr().out
+    block = json.loads(out[:out.rindex("}") + 1])["zero_optimization"]["offload_optimizer"]
+    assert block == {"device": "cpu", "pin_memory": False, "ratio": 0.5}
+    assert main(["config", "new", "--stage", "2", "--offload-optimizer", "cpu", "--offload-ratio", "0.5"]) == 2
+    assert "needs ZeRO stage 3 (stage is 2)" in capsys.readouterr().err
+    from hf_zero3.plan.memory import _how
+
+    now = plan(SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(activation_checkpointing=True))
+    nxt = plan(SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(
+        offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5, pin_memory=False), activation_checkpointing=True))
+    assert "--offload-optimizer cpu --offload-ratio 0.5 --no-pin-memory" in _how(now, nxt, None)
