@@ -101,6 +101,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 )}
 
 
+def nvme_seconds_per_step(nvme_bytes: int, profile: Profile) -> float:
+    """Predicted NVMe time of one optimizer step with the optimizer states on NVMe: every byte the plan puts there is
+    read and written back once per step (fp32 master weights, Adam m, v, fp32 gradients), at the profile's sequential
+    rates (estimates unless its source says measured). The swap does not overlap the forward and backward."""
+    return nvme_bytes / (profile.nvme_read_gbps * GB) + nvme_bytes / (profile.nvme_write_gbps * GB)
+
+
 def get(name: str) -> Profile:
     """The profile called `name`; an unknown name is an error listing the known ones."""
     try:

@@ -150,3 +150,19 @@ def test_config_new_writes_partial_unpinned_offload_and_the_oom_advice_names_it(
     nxt = plan(SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(
         offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5, pin_memory=False), activation_checkpointing=True))
     assert "--offload-optimizer cpu --offload-ratio 0.5 --no-pin-memory" in _how(now, nxt, None)
+
+
+def test_the_70b_readme_quotes_the_predicted_nvme_time_per_step(capsys):
+    from pathlib import Path
+
+    from hf_zero3.plan.profiles import nvme_seconds_per_step
+
+    readme = (Path(__file__).resolve().parents[2] / "recipes/70b/README.md").read_text()
+    minutes = {name: nvme_seconds_per_step(1_103_630_000_000 // nodes, get(name)) / 60
+               for name, nodes in (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2))}
+    assert f"about {minutes['p4d.24xlarge']:.1f} min per\noptimizer step on p4d" in readme
+    assert f"{minutes['nd-a100-v4']:.1f} min on ND A100 v4" in readme
+    assert f"about {minutes['a2-highgpu-4g']:.0f} min)" in readme
+    assert main(["plan", "--model", "70b", "--hardware", "p4d.24xlarge", "--headroom", "0.1",
+                 "--global-batch", "64"]) == 0
+    assert "cost      NVMe swap: about 207 s per optimizer step at p4d.24xlarge's 16 GB/s read" in capsys.readouterr().out
