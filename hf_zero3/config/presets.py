@@ -73,8 +73,8 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
                            offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5, pin_memory=False),
                            activation_checkpointing=True),
     # The largest full fine-tune on the lent 1 x H200 box (125 GiB host, 64 GiB disk): a 10.7B Llama (SOLAR-10.7B's
-    # shape), partial offload ratio 0.4, host buffers not pinned, checkpointing (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1
-    # --headroom 0.1`).
+    # shape), partial offload ratio 0.4, host buffers not pinned, checkpointing
+    # (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1 --headroom 0.1`).
     "10b-h200x1": ZeroSpec(precision="bf16",
                            offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4, pin_memory=False),
                            activation_checkpointing=True),

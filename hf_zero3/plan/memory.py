@@ -464,8 +464,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     else:
         add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
             "overhead", False)
-    add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}", "overhead",
-        False)
+    add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}",
+        "overhead", False)
     # Host RAM per node beyond offloaded states.
     add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
     loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
@@ -484,6 +484,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
 
 PARTIAL_OFFLOAD_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The `offload_optimizer.ratio` values the chooser tries (ZeRO-3, cpu): the least offload that fits wins."""
+
 
 def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     """The configurations considered (each also with checkpointing); `cost_key` orders them."""
@@ -659,7 +660,8 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
         offloads = (("optimizer", b.offload_optimizer), ("param", b.offload_param))
         cmd += [f"--offload-{which} {o.device}" for which, o in offloads if o.device != "none"]
         cmd += [f"--offload-ratio {b.offload_optimizer.ratio:g}"] if b.offload_optimizer.ratio < 1 else []
-        cmd += ["--no-pin-memory"] if b.offload_optimizer.device != "none" and not b.offload_optimizer.pin_memory else []
+        unpinned = b.offload_optimizer.device != "none" and not b.offload_optimizer.pin_memory
+        cmd += ["--no-pin-memory"] if unpinned else []
         nvme = b.offload_optimizer.nvme_path or b.offload_param.nvme_path
         cmd += [f"--nvme-path {nvme}"] if nvme else []
         parts.append(f"`{' '.join(cmd)} -o ds_config.planned.json`, "

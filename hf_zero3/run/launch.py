@@ -429,9 +429,9 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
 
 def _with_profile_and_nvme(hardware, config: dict, target: Target):
     """The target profile's fixed terms, its host RAM and NVMe size (when its GPU count is the one launched and
-    HOST_RAM is not given), and the config's NVMe directory: its free space here if it exists, else the profile's, else unknown."""
+    HOST_RAM is not given), and the config's NVMe directory: its free space here if it exists, else the
+    profile's, else unknown."""
     import dataclasses
-    import shutil
 
     from hf_zero3.plan.profiles import PROFILES
 

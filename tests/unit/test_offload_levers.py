@@ -52,7 +52,7 @@ def test_check_names_each_partial_offload_problem():
                                                                  for t in texts)
     config = build_ds_config(PARTIAL)
     config["optimizer"]["type"] = "SGD"
-    assert [f.message for f in check_ds_config(config)][0].startswith("partial offload needs DeepSpeedCPUAdam")
+    assert next(f.message for f in check_ds_config(config)).startswith("partial offload needs DeepSpeedCPUAdam")
     config["zero_optimization"]["offload_optimizer"]["ratio"] = 1.5
     first = check_ds_config(config)[0]  # DeepSpeed's own model says it first, under the same key
     assert (first.level, first.key) == ("error", "zero_optimization.offload_optimizer.ratio")
@@ -69,12 +69,12 @@ def test_kept_sub_groups_follow_deepspeeds_int_rule():
 
 def test_partial_offload_moves_16_bytes_per_kept_element_from_host_to_gpu():
     training = Training(4096, 2, 2)
-    unpinned = lambda spec: ZeroSpec(**{**spec.model_dump(), "offload_optimizer": {  # noqa: E731
+    unpinned = lambda spec: ZeroSpec(**{**spec.model_dump(), "offload_optimizer": {
         **spec.offload_optimizer.model_dump(), "pin_memory": False}})
     partial, full = plan(SHAPE, H200X2, training, unpinned(PARTIAL)), plan(SHAPE, H200X2, training, unpinned(FULL))
     kept = 5_000_000_000
     assert full.host_bytes - partial.host_bytes == pytest.approx(2 * 16 * kept * 1.05, rel=1e-6)  # 2 GPUs, 5% margin
-    always = lambda p: p.phase_total("always")  # noqa: E731
+    always = lambda p: p.phase_total("always")
     assert always(partial) - always(full) == 16 * kept
     step_tmp = next(t for t in partial.terms if t.name.startswith("torch AdamW temporaries"))
     assert step_tmp.bytes == 4 * 1_000_000_000 and step_tmp.phase == "step"
@@ -165,4 +165,5 @@ def test_the_70b_readme_quotes_the_predicted_nvme_time_per_step(capsys):
     assert f"about {minutes['a2-highgpu-4g']:.0f} min)" in readme
     assert main(["plan", "--model", "70b", "--hardware", "p4d.24xlarge", "--headroom", "0.1",
                  "--global-batch", "64"]) == 0
-    assert "cost      NVMe swap: about 207 s per optimizer step at p4d.24xlarge's 16 GB/s read" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "cost      NVMe swap: about 207 s per optimizer step at p4d.24xlarge's 16 GB/s read" in out
