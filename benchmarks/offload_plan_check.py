@@ -35,7 +35,7 @@ def predict(args) -> dict:
     shape = load_config_shape(args.model, overrides=args.overrides)
     fields = spec_from_ds_config(load_config(args.ds_config))[0].model_dump(exclude_unset=True)
     spec = ZeroSpec(**{**fields, "precision": "bf16", "activation_checkpointing": args.checkpointing})
-    size = lambda text: int(text) if text.isdigit() else parse_size(text)  # noqa: E731 (bytes or 140GiB)
+    size = lambda text: int(text) if text.isdigit() else parse_size(text)  # bytes or 140GiB
     nvme_free = size(args.nvme_free) if args.nvme_free else 0
     hardware = Hardware(1, args.gpus, size(args.gpu_mem), size(args.host_ram), args.nvme_path, nvme_free)
     p = plan(shape, hardware, Training(args.seq, args.micro, args.accum, "sdpa", 4 if args.from_scratch else None),

@@ -53,9 +53,9 @@ def copies(gb: float) -> dict:
 
 def _dd(args: list[str]) -> float | None:
     """GB/s that dd reports on its last line (`... bytes ... copied, S s, R GB/s`)."""
-    done = subprocess.run(["dd", *args], capture_output=True, text=True)
+    done = subprocess.run(["dd", *args], capture_output=True, text=True, check=False)
     match = re.search(r"([\d.]+) s, ", done.stderr)
-    size = re.search(r"^(\d+) bytes", done.stderr, re.M)
+    size = re.search(r"^(\d+) bytes", done.stderr, re.MULTILINE)
     if not (match and size):
         return None
     return round(int(size.group(1)) / float(match.group(1)) / 1e9, 2)
@@ -86,7 +86,8 @@ def main(argv: list[str]) -> int:
         result.update(nvme(args.nvme_dir, args.nvme_gb))
     if torch.cuda.is_available():
         result.update(copies(args.copy_gb))
-    result.update(cpu_adam(args.adam_elements))
+    if args.adam_elements > 0:  # 0: skip (DeepSpeedCPUAdam's first use JIT-builds it; a timeout then leaves a lock)
+        result.update(cpu_adam(args.adam_elements))
     print(json.dumps(result))
     return 0
 

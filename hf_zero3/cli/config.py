@@ -25,6 +25,11 @@ def add_arguments(verbs) -> None:
     new.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
     new.add_argument("--offload-param", choices=["none", "cpu", "nvme"])
     new.add_argument("--nvme-path", help="directory on a local NVMe mount (for nvme offload)")
+    new.add_argument("--offload-ratio", type=float, metavar="R",
+                     help="partial optimizer offload (ZeRO-3, cpu): the fraction of optimizer sub-groups on the CPU")
+    new.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+                     help="page-locked host buffers for the offloaded optimizer (--no-pin-memory: torch rounds each "
+                     "pinned block up to a power of 2)")
     new.add_argument("--micro-batch", dest="micro_batch_size", type=int_or_auto)
     new.add_argument("--grad-accum", dest="gradient_accumulation_steps", type=int_or_auto)
     new.add_argument("--global-batch", dest="global_batch_size", type=int_or_auto)
@@ -92,6 +97,9 @@ def _config_new(args: argparse.Namespace) -> int:
             fields[name] = {"device": device, **({"nvme_path": args.nvme_path} if device == "nvme" else {})}
         elif args.nvme_path and fields.get(name, {}).get("device") == "nvme":
             fields[name] = {**fields[name], "nvme_path": args.nvme_path}
+    for key, value in (("ratio", args.offload_ratio), ("pin_memory", args.pin_memory)):
+        if value is not None:
+            fields["offload_optimizer"] = {**fields.get("offload_optimizer", {}), key: value}
     for flag, name in (("activation_checkpointing", "activation_checkpointing"), ("activation_offload", "activation_offload"),
                        ("wall_clock_breakdown", "wall_clock_breakdown"),
                        ("overlap_comm", "overlap_comm"), ("contiguous_gradients", "contiguous_gradients"),

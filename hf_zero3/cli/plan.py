@@ -147,6 +147,14 @@ def main(args: argparse.Namespace) -> int:
         }, indent=2))
     else:
         print_choice(shape, hardware, seq_len, choice, liger_why=liger_why)
+        if args.hardware and choice.fits and choice.plan.nvme_bytes:
+            from hf_zero3.plan.profiles import get, nvme_seconds_per_step
+
+            machine = get(args.hardware)
+            print(f"cost      NVMe swap: about {nvme_seconds_per_step(choice.plan.nvme_bytes, machine):,.0f} s per "
+                  f"optimizer step at {machine.name}'s {machine.nvme_read_gbps:g} GB/s read, "
+                  f"{machine.nvme_write_gbps:g} GB/s write (estimates unless measured; raise accumulation to "
+                  "spread it)")
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")

@@ -487,20 +487,19 @@ def _partial_offload(config: dict, stage: Any, opt_device: Any) -> list[Finding]
                                       "states stepped on the CPU; 1.0 offloads them all")]
     if ratio == 1:
         return []
-    found = []
+    found = []  # one finding per key (check_ds_config keeps the first of a key), so the problems are joined
     if stage != 3:
-        found.append(Finding("error", key, f"partial offload needs ZeRO stage 3 (stage is {stage}; DeepSpeed asserts): "
-                                           "set zero_optimization.stage to 3 or remove ratio"))
+        found.append(f"partial offload needs ZeRO stage 3 (stage is {stage}; DeepSpeed asserts): set "
+                     "zero_optimization.stage to 3 or remove ratio")
     if opt_device != "cpu":
-        found.append(Finding("error", key, f'partial offload needs offload_optimizer.device "cpu" (is {opt_device!r}): '
-                                           "the GPU part is stepped by torch AdamW, the rest by DeepSpeedCPUAdam; "
-                                           'set device "cpu" or remove ratio'))
+        found.append(f'partial offload needs offload_optimizer.device "cpu" (is {opt_device!r}): the GPU part is '
+                     'stepped by torch AdamW, the rest by DeepSpeedCPUAdam; set device "cpu" or remove ratio')
     opt_type = str(_get(config, "optimizer.type", "")).lower()
     if opt_device == "cpu" and (opt_type not in ("adam", "adamw") or config.get("zero_force_ds_cpu_optimizer") is False):
-        found.append(Finding("error", key, "partial offload needs DeepSpeedCPUAdam (DeepSpeed asserts 'Hybrid Optimizer "
-                                           'Only Supports DeepSpeedCPUAdam\'): use the optimizer block {"type": "AdamW", '
-                                           '"params": {...}} (hf-zero3 config new writes it)'))
-    return found
+        found.append("partial offload needs DeepSpeedCPUAdam (DeepSpeed asserts 'Hybrid Optimizer Only Supports "
+                     'DeepSpeedCPUAdam\'): use the optimizer block {"type": "AdamW", "params": {...}} (hf-zero3 '
+                     "config new writes it)")
+    return [Finding("error", key, "; ".join(found))] if found else []
 
 
 def _nvme_path(key: str, path: Any) -> list[Finding]:

@@ -67,12 +67,16 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # The largest full fine-tune on the lent 2 x H200 box (256 GiB host, 128 GiB disk): a 20.7B Llama. Partial
     # optimizer offload: 5 of 11 sub-groups of fp32 master weights + Adam states stay on each GPU (ratio 0.5), the
     # rest in host RAM; checkpointing (`hf-zero3 plan --model 20b-h200x2 --hardware h200x2 --headroom 0.1`).
-    "20b-h200x2": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5),
+    # Host buffers not pinned: torch's caching host allocator rounds each pinned block up to a power of 2, and the
+    # 20.7 GB flat gradient partition per rank would take 34.4 GB (+32 GB per node: no longer fits).
+    "20b-h200x2": ZeroSpec(precision="bf16",
+                           offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5, pin_memory=False),
                            activation_checkpointing=True),
     # The largest full fine-tune on the lent 1 x H200 box (125 GiB host, 64 GiB disk): a 10.7B Llama (SOLAR-10.7B's
-    # shape), partial offload ratio 0.4, checkpointing (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1
-    # --headroom 0.1`).
-    "10b-h200x1": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4),
+    # shape), partial offload ratio 0.4, host buffers not pinned, checkpointing
+    # (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1 --headroom 0.1`).
+    "10b-h200x1": ZeroSpec(precision="bf16",
+                           offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4, pin_memory=False),
                            activation_checkpointing=True),
 }
 

@@ -10,6 +10,7 @@ an OOM. Every term, its formula and where it differs from DeepSpeed's estimator:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -59,6 +60,22 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class FixedTerms:
+    """The planner's terms that are not arithmetic over the model but properties of a machine type and its software:
+    measured per machine type with `benchmarks/memory_probe.py` (`hf_zero3/plan/profiles.py::FIXED_TERMS` holds
+    them, with the probe run that measured each, or says "estimate")."""
+
+    cuda_context: int = CUDA_CONTEXT_BYTES
+    """GPU bytes outside torch's allocator: CUDA context, NCCL buffers, kernels (NVML used - torch reserved)."""
+    host_per_rank: int = HOST_PER_RANK_BYTES
+    """Resident host bytes of one training process beyond what it holds for the model."""
+    gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
+    """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
+    gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
+    source: str = "measured on 2 x H200 (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30)"
+
+
+@dataclass(frozen=True)
 class Hardware:
     """The machines to plan for. Sizes in bytes; host RAM and NVMe are per node."""
 
@@ -68,12 +85,15 @@ class Hardware:
     host_ram: int | None
     """None: unknown, so not checked (the plan still reports what it needs)."""
     nvme_path: str | None = None
-    nvme_free: int = 0
+    nvme_free: int | None = 0
+    """None: unknown (the NVMe directory is on the training nodes, not here), so not checked."""
     detected: tuple[str, ...] = ()
     """Which fields were read from this machine rather than given (shown, so nobody plans a cluster
     with a laptop's RAM by accident)."""
     headroom: float = 0.0
     """Fraction of GPU memory, host RAM and NVMe a plan must leave free to fit (0.1: use at most 90%)."""
+    fixed: FixedTerms = FixedTerms()
+    """This machine type's fixed terms (default: the 2 x H200 probe's)."""
 
     def __post_init__(self):
         problems = []
@@ -214,8 +234,9 @@ class Plan:
 
     @property
     def fits_nvme(self) -> bool:
-        return self.nvme_bytes == 0 or (bool(self.hardware.nvme_path)
-                                        and self.nvme_bytes <= self.hardware.usable(self.hardware.nvme_free))
+        hw = self.hardware
+        return self.nvme_bytes == 0 or (bool(hw.nvme_path) and (
+            hw.nvme_free is None or self.nvme_bytes <= hw.usable(hw.nvme_free)))
 
     @property
     def fits(self) -> bool:
@@ -259,6 +280,8 @@ def describe(spec: ZeroSpec) -> str:
     opt, prm = spec.offload_optimizer.device, spec.offload_param.device
     if opt == "cpu" and spec.offload_optimizer.ratio < 1:
         opt = f"cpu, ratio {spec.offload_optimizer.ratio:g}"
+    if opt != "none" and not spec.offload_optimizer.pin_memory:
+        opt += ", not pinned"
     if opt != "none" and prm != "none":
         text += f" + offload optimizer ({opt}) and params ({prm})"
     elif opt != "none":
@@ -313,9 +336,38 @@ def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int) -> tuple[int, int,
     opt = spec.offload_optimizer
     if spec.stage != 3 or opt.device != "cpu" or opt.ratio >= 1:
         return 0, 1, 0
-    groups = max(1, math.ceil(state_n / spec.sub_group_size))
-    kept_groups = int((1 - opt.ratio) * groups)
-    return min(state_n, kept_groups * spec.sub_group_size), groups, kept_groups
+    sizes = sub_groups(spec, state_n)
+    kept_groups = int((1 - opt.ratio) * len(sizes))
+    return sum(sizes[:kept_groups]), len(sizes), kept_groups
+
+
+def sub_groups(spec: ZeroSpec, state_n: int) -> list[int]:
+    """Elements of each optimizer sub-group of a rank: DeepSpeed closes a sub-group at the first parameter that takes
+    it to >= sub_group_size, so groups overshoot a little and a small remainder rides along (the 8b probe: 4.015B
+    elements per rank made 4 groups, measured through their pinned blocks); a remainder of 5% or more is a group."""
+    full, rest = divmod(state_n, spec.sub_group_size)
+    if full == 0:
+        return [state_n]
+    if rest < 0.05 * spec.sub_group_size:
+        return [state_n // full] * (full - 1) + [state_n - (state_n // full) * (full - 1)]
+    return [spec.sub_group_size] * full + [rest]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> list[int]:
+    """Bytes of each pinned host block ZeRO-3 with optimizer offload allocates per rank (DeepSpeed 0.19 stage3.py):
+    the flat 16-bit gradient partition; with device "cpu" one fp32 gradient buffer per CPU sub-group, and one more
+    block of a sub-group's size if some sub-groups stay on the GPU (their pinned staging copy, freed into torch's
+    cache and kept there); with "nvme" the optimizer's swap buffers."""
+    group = min(spec.sub_group_size, state_n)
+    if spec.offload_optimizer.device == "nvme":
+        return [grad_bytes] + [4 * group] * spec.offload_optimizer.buffer_count
+    sizes = sub_groups(spec, state_n)
+    kept_groups = len([None for total in itertools.accumulate(sizes) if total <= kept]) if kept else 0
+    return [grad_bytes] + [4 * n for n in sizes[kept_groups:]] + ([4 * max(sizes)] if kept else [])
 
 
 def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
@@ -368,6 +420,12 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
         add("host", "optimizer NVMe swap buffers (pinned)", swap,
             f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W)", "buffer")
+    if stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
+        blocks = pinned_blocks(spec, b * grad_n, state_n, kept)
+        add("host", "pinned buffers rounded up to powers of 2", sum(_pow2(x) - x for x in blocks),
+            f"torch's caching host allocator rounds each pinned block up to a power of 2: {len(blocks)} block(s), "
+            f"largest {gb(max(blocks))} -> {gb(_pow2(max(blocks)))} (measured: 24.0 GiB pinned per rank for 22.4)",
+            "buffer")
     if prm == "cpu":
         add("host", f"parameters, {8 * b}-bit, defragmentation copy", b * param_n,
             f"{b} B x {shard(param_n)}: made once at start; the pinned cache keeps it (measured)", "buffer")
@@ -429,8 +487,9 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
-    margin, tight = GPU_MARGIN[stage], GPU_MARGIN_NEAR_FULL.get(stage)
-    left = hardware.usable(hardware.gpu_mem) - CUDA_CONTEXT_BYTES - allocated
+    fixed = hardware.fixed
+    margin, tight = dict(fixed.gpu_margin)[stage], dict(fixed.gpu_margin_near_full).get(stage)
+    left = hardware.usable(hardware.gpu_mem) - fixed.cuda_context - allocated
     if tight is not None and tight * allocated <= left < margin * allocated:
         add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
             f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
@@ -439,10 +498,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     else:
         add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
             "overhead", False)
-    add("gpu", "CUDA context + NCCL buffers", CUDA_CONTEXT_BYTES, "measured: NVML used - torch reserved", "overhead",
-        False)
+    add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}",
+        "overhead", False)
     # Host RAM per node beyond offloaded states.
-    add("host", "training processes", HOST_PER_RANK_BYTES, f"{gb(HOST_PER_RANK_BYTES)} per rank", "overhead")
+    add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
     loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
     add("host", "loading weights", load_b * loading, f"{load_b} B x {_count(loading)}"
         + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
@@ -460,13 +519,16 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
 PARTIAL_OFFLOAD_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The `offload_optimizer.ratio` values the chooser tries (ZeRO-3, cpu): the least offload that fits wins."""
 
+
 def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     """The configurations considered (each also with checkpointing, and with checkpointing + activation offload);
     `cost_key` orders them."""
     z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
                          for n in ("zero2", "zero3", "zero3_offload_optimizer", "zero3_offload_all"))
     specs = [z2, z3, opt, both]
-    specs += [{**opt, "offload_optimizer": {"device": "cpu", "ratio": r}} for r in PARTIAL_OFFLOAD_RATIOS]
+    specs += [{**opt, "offload_optimizer": {"device": "cpu", "ratio": r, "pin_memory": pin}}
+              for pin in (True, False) for r in PARTIAL_OFFLOAD_RATIOS]
+    specs += [{**opt, "offload_optimizer": {"device": "cpu", "pin_memory": False}}]
     if hardware.nvme_path:
         nvme = {"device": "nvme", "nvme_path": hardware.nvme_path}
         small = {"sub_group_size": 100_000_000}  # NVMe swap buffers are sized by the sub-group
@@ -485,9 +547,10 @@ def _offload_level(spec: ZeroSpec) -> tuple[float, float]:
 
 
 def tier_key(p: Plan) -> tuple:
-    """The memory tier: less offload, then no recomputation, then activations kept on the GPU; within a tier,
-    measured speed decides (`plan.speed`)."""
-    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.activation_offload)
+    """The memory tier: less offload, then no recomputation, then activations kept on the GPU, then pinned host
+    buffers (faster copies); within a tier, measured speed decides (`plan.speed`)."""
+    return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.activation_offload,
+            not p.spec.offload_optimizer.pin_memory)
 
 
 def cost_key(p: Plan) -> tuple:
@@ -523,9 +586,10 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
     for rung in _rungs(hardware, precision):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
             kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
-            if kept == 0 or kept in kept_seen:
+            key = (kept, rung.offload_optimizer.pin_memory)
+            if kept == 0 or key in kept_seen:
                 continue
-            kept_seen.add(kept)
+            kept_seen.add(key)
         for checkpointing, offload in ((False, False), (True, False), (True, True)):
             for micro, accum in micro_batches(hardware, global_batch, micro_batch):
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
@@ -608,7 +672,7 @@ def _nothing_fits(shape: ModelShape, hardware: Hardware, seq_len: int, tried: li
                      f"{gb(frugal.gpu_bytes)} per GPU and {gb(frugal.host_bytes)} host RAM per node.")
     for nodes in range(hardware.nodes + 1, 8 * hardware.nodes + 65):
         bigger = Hardware(nodes, hardware.gpus_per_node, hardware.gpu_mem, hardware.host_ram, hardware.nvme_path,
-                          hardware.nvme_free)
+                          hardware.nvme_free, headroom=hardware.headroom, fixed=hardware.fixed)
         options = candidates(shape, bigger, seq_len, **{**kwargs, "global_batch": None, "micro_batch": 1})
         fit = next((p for p in options if p.fits), None)
         if fit is not None:
@@ -667,6 +731,9 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
                f"--stage {b.stage}"]
         offloads = (("optimizer", b.offload_optimizer), ("param", b.offload_param))
         cmd += [f"--offload-{which} {o.device}" for which, o in offloads if o.device != "none"]
+        cmd += [f"--offload-ratio {b.offload_optimizer.ratio:g}"] if b.offload_optimizer.ratio < 1 else []
+        unpinned = b.offload_optimizer.device != "none" and not b.offload_optimizer.pin_memory
+        cmd += ["--no-pin-memory"] if unpinned else []
         nvme = b.offload_optimizer.nvme_path or b.offload_param.nvme_path
         cmd += [f"--nvme-path {nvme}"] if nvme else []
         parts.append(f"`{' '.join(cmd)} -o ds_config.planned.json`, "

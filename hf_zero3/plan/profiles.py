@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_zero3.plan.memory import Hardware, PlanError
+from hf_zero3.plan.memory import GB as _GB
+from hf_zero3.plan.memory import FixedTerms, Hardware, PlanError
 
 GiB, GB, TB = 2**30, 10**9, 10**12
 
@@ -22,6 +23,22 @@ H100_80GB = 81_008 * 2**20
 """torch's total_memory of an H100 80GB SXM: about 79.1 GiB (estimate, as for the A100 80GB)."""
 H200 = 140 * GiB
 """torch's total_memory of an H200: 140 GiB, measured on the lent boxes (benchmarks/README.md)."""
+
+
+FIXED_TERMS: dict[str, FixedTerms] = {
+    # Measured: benchmarks/memory_probe.py on 2 x H200 (benchmarks/gpu_memory_probe.sh; results in
+    # benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30/, summary in benchmarks/README.md): NVML used - torch
+    # reserved 2.3-2.8 GB; ZeRO-3 fragmentation 7-16%, ZeRO-2 17-26%; 5.7-6.1 GiB resident per rank.
+    "H200": FixedTerms(),
+    # Estimates until a probe runs there (`bash benchmarks/gpu_memory_probe.sh OUT zero3 zero3_offload_opt` on one
+    # such node, then set the measured figures here): same software stack, so the same allocator fragmentation and
+    # process size; 8 ranks per node hold more NCCL peer buffers than 2, so 0.5 GB more context is assumed.
+    "H100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+    "A100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+    "A100-40GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+}
+"""The planner's fixed terms per GPU type, each with the probe that measured it or "estimate": a new machine type is
+one probe run away (benchmarks/gpu_memory_probe.sh, then benchmarks/planner_vs_measured.py)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,8 @@ class Profile:
         from hf_zero3.config.presets import NVME_PLACEHOLDER
 
         path = (nvme_path or NVME_PLACEHOLDER) if self.nvme else None
-        return Hardware(nodes, self.gpus, self.gpu_mem, self.host_ram, path, self.nvme, (), headroom)
+        return Hardware(nodes, self.gpus, self.gpu_mem, self.host_ram, path, self.nvme, (), headroom,
+                        FIXED_TERMS[self.gpu])
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -81,6 +99,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("h200x2", "H200", 2, H200, 256 * GiB, 128 * GiB, 2.0, 1.0,
             "the lent 2 x H200 box (device description); disk GB/s estimated until measured"),
 )}
+
+
+def nvme_seconds_per_step(nvme_bytes: int, profile: Profile) -> float:
+    """Predicted NVMe time of one optimizer step with the optimizer states on NVMe: every byte the plan puts there is
+    read and written back once per step (fp32 master weights, Adam m, v, fp32 gradients), at the profile's sequential
+    rates (estimates unless its source says measured). The swap does not overlap the forward and backward."""
+    return nvme_bytes / (profile.nvme_read_gbps * GB) + nvme_bytes / (profile.nvme_write_gbps * GB)
 
 
 def get(name: str) -> Profile:

@@ -50,7 +50,8 @@ def shown_plan(choice):
 def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> None:
     detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
     host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
-    nvme = f"{gb(hardware.nvme_free)} free at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
+    free = "unknown space" if hardware.nvme_free is None else f"{gb(hardware.nvme_free)} free"
+    nvme = f"{free} at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
     out(f"model     {shape.name}: {shape.params / 1e9:.2f}B params (L{shape.layers} H{shape.hidden} ffn{shape.ffn} "
         f"heads{shape.heads} kv{shape.kv_heads} vocab{shape.vocab}), seq {seq_len}")
     out(f"hardware  {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs x {gb(hardware.gpu_mem)}; host RAM "

@@ -68,10 +68,17 @@ class Target:
     nodes: int = 1
     gpus: int = 2
     gpu_mem: str | None = None
+    profile: str | None = None
+    """A named machine (`hf_zero3/plan/profiles.py`): its host RAM and NVMe size are planned for too."""
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """`NODESxGPUS[xMEM]`, MEM in the size grammar of `plan --gpu-mem` (40GB, 140GiB)."""
+        """`NODESxGPUS[xMEM]`, MEM in the size grammar of `plan --gpu-mem` (40GB, 140GiB), or a profile name."""
+        from hf_zero3.plan.profiles import PROFILES
+
+        if text in PROFILES:
+            machine = PROFILES[text]
+            return cls(1, machine.gpus, f"{machine.gpu_mem}B", text)
         parts = text.split("x", 2)
         try:
             if len(parts) < 2:
@@ -80,7 +87,8 @@ class Target:
             if len(parts) == 3:
                 parse_size(parts[2])
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"bad target {text!r}: NODESxGPUS[xGPU_MEM], e.g. 1x8x40GB") from None
+            raise argparse.ArgumentTypeError(f"bad target {text!r}: NODESxGPUS[xGPU_MEM], e.g. 1x8x40GB, or a "
+                                             f"profile ({', '.join(PROFILES)})") from None
         return target
 
 
@@ -354,7 +362,10 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
     for finding in findings:
         print(f"ds_config {finding}")
     print(f"ds_config {values['deepspeed']}: {len(findings)} finding(s) for world size {launch.world_size}")
-    rc = 1 if has_errors(findings) else 0
+    elsewhere = [f for f in findings if f.key.endswith(".nvme_path") and "does not exist on this machine" in f.message]
+    if elsewhere:
+        print("ds_config (a dry run plans for the training nodes: the NVMe directory must exist there, not here)")
+    rc = 1 if has_errors([f for f in findings if f not in elsewhere]) else 0
     return max(rc, _plan(values, facts, config, launch, recipe, env, target))
 
 
@@ -387,8 +398,9 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     try:
         overrides = None if env.get("MODEL", "").strip() else values.get("config_overrides")
         shape = load_config_shape(str(model), overrides=overrides) if overrides else load_shape(str(model))
-        hardware = detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
-                                   host_ram=sizes["HOST_RAM"])
+        hardware = _with_profile_and_nvme(
+            detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
+                            host_ram=sizes["HOST_RAM"]), config, target)
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
                              micro_batch=micro, precision=facts.precision, attention=facts.attention,
                              load_bytes=load_bytes, liger=facts.liger)
@@ -414,6 +426,32 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     for note in ours.notes:
         print(f"          {note}")
     return max(rc, 0 if ours.fits else 1)
+
+
+def _with_profile_and_nvme(hardware, config: dict, target: Target):
+    """The target profile's fixed terms, its host RAM and NVMe size (when its GPU count is the one launched and
+    HOST_RAM is not given), and the config's NVMe directory: its free space here if it exists, else the
+    profile's, else unknown."""
+    import dataclasses
+
+    from hf_zero3.plan.profiles import PROFILES
+
+    machine = PROFILES.get(target.profile or "")
+    if machine is not None:  # the GPU type's fixed terms hold for any number of its GPUs
+        from hf_zero3.plan.profiles import FIXED_TERMS
+
+        hardware = dataclasses.replace(hardware, fixed=FIXED_TERMS[machine.gpu])
+    if machine is not None and machine.gpus != hardware.gpus_per_node:
+        machine = None  # e.g. 2 nodes x 4 GPUs: not the profile's node
+    if machine is not None and hardware.host_ram is None:
+        hardware = dataclasses.replace(hardware, host_ram=machine.host_ram)
+    zero = config.get("zero_optimization") or {}
+    paths = [(zero.get(k) or {}).get("nvme_path") for k in ("offload_optimizer", "offload_param")
+             if (zero.get(k) or {}).get("device") == "nvme"]
+    if paths and paths[0]:
+        free = shutil.disk_usage(paths[0]).free if os.path.isdir(paths[0]) else (machine.nvme if machine else None)
+        hardware = dataclasses.replace(hardware, nvme_path=paths[0], nvme_free=free)
+    return hardware
 
 
 # --- entry point ---------------------------------------------------------------------------------------

@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
-# Recipe 70b: Llama-2-70B, ZeRO-3 + optimizer offload to CPU + checkpointing; target 8 A100-40GB (1x8 or 2x4). Settings (NUM_NODES, NUM_GPUS, HOSTFILE, MODEL, DRY_RUN, ...): python -m hf_zero3 launch --help
-here="$(cd "$(dirname "$0")" && pwd)" && cd "$here/../.." && exec python -m hf_zero3 launch --target 1x8x40GB "$here" "$@"
+# Recipe 70b: Llama-2-70B, ZeRO-3 + optimizer states on NVMe + checkpointing; target p4d.24xlarge / ND A100 v4 (8 A100-40GB) or 2 x 4 A100-40GB. Settings (NUM_NODES, NUM_GPUS, HOSTFILE, MODEL, DRY_RUN, ...): python -m hf_zero3 launch --help
+here="$(cd "$(dirname "$0")" && pwd)" && cd "$here/../.." && exec python -m hf_zero3 launch --target p4d.24xlarge "$here" "$@"

@@ -24,8 +24,9 @@ by_name = pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 
 
 def test_recipes_are_found_on_disk_and_nothing_else_lives_under_recipes():
-    assert len(RECIPES) == 5
-    assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["13b", "70b", "7b", "8b", "tiny"]
+    assert len(RECIPES) == 7
+    assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["10b-h200x1", "13b", "20b-h200x2", "70b", "7b", "8b",
+                                                                   "tiny"]
     for path in RECIPES_DIR.rglob("*"):  # recursive: a nested folder or stray file is an error too
         rel = path.relative_to(RECIPES_DIR)
         if path.is_dir():
@@ -111,7 +112,7 @@ def test_readme_header_names_hardware_launch_measurement_and_version(recipe):
     rows = _header_rows(recipe)
     assert {"target hardware", "launch", "measured"} <= set(rows), rows
     assert f"recipes/{recipe.name}/launch.sh" in rows["launch"]
-    assert rows["measured"].startswith(("not yet (no such hardware lent)", "20")), rows["measured"]
+    assert rows["measured"].startswith(("not yet (no such hardware lent)", "not yet: ", "20")), rows["measured"]
     first_line = (recipe / "train_args.yaml").read_text().splitlines()[0]
     assert f"(v{version})" in first_line, f"{recipe.name}: train_args.yaml line 1 says {first_line!r}, README v{version}"
     entries = _changelog(recipe)
@@ -145,11 +146,20 @@ def test_slurm_script_parses():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts/slurm/train.sbatch")], check=False).returncode == 0
 
 
-def _plans(recipe: Path):
-    """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory."""
+PROFILES_OF = {"70b": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
+               "20b-h200x2": (("h200x2", 1),), "10b-h200x1": (("h200x1", 1),)}
+"""Recipes sized for named machines (hf_zero3/plan/profiles.py, nodes each): planned there with HEADROOM free, the
+first profile being the one their README quotes."""
+HEADROOM = 0.1
+
+
+def _plans(recipe: Path, hardware=None):
+    """(the recipe's own plan at its target, the planner's choice there), or None for targets without GPU memory.
+    The target is the recipe's first named profile (with 10% headroom) if it has one, else launch.sh's --target."""
     from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.memory import Hardware, Training, choose, plan
+    from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
 
     target = _target(recipe)
@@ -159,7 +169,10 @@ def _plans(recipe: Path):
     micro, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
     precision = "bf16" if values.get("bf16") else "fp32"
     shape, seq = load_shape(recipe.name), values["block_size"]
-    hardware = Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
+    if hardware is None and recipe.name in PROFILES_OF:
+        name, nodes = PROFILES_OF[recipe.name][0]
+        hardware = get(name).hardware(nodes, HEADROOM)
+    hardware = hardware or Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
     spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
     liger = bool(values.get("use_liger_kernel"))
     ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger), spec)
@@ -189,3 +202,36 @@ def test_recipes_that_claim_the_planners_choice_are_it(recipe):
     assert best is not None
     assert (best.label, best.training.micro_batch, best.training.grad_accum) == (
         ours.label, ours.training.micro_batch, ours.training.grad_accum)
+
+
+@pytest.mark.parametrize("name, profile, nodes", [(r, p, n) for r, ps in PROFILES_OF.items() for p, n in ps])
+def test_recipe_is_the_planners_choice_on_each_named_machine_with_headroom(name, profile, nodes):
+    """Issue 15: 70b fits p4d.24xlarge, nd-a100-v4 and 2 x a2-highgpu-4g with >= 10% of GPU memory, host RAM and NVMe
+    left free, as the planner's least-offload choice; 20b-h200x2 and 10b-h200x1 likewise on the lent boxes."""
+    from hf_zero3.plan.profiles import get
+
+    hardware = get(profile).hardware(nodes, HEADROOM)
+    ours, best = _plans(RECIPES_DIR / name, hardware)
+    assert ours.fits, ours.problems()
+    assert ours.gpu_bytes <= 0.9 * hardware.gpu_mem and ours.host_bytes <= 0.9 * hardware.host_ram
+    assert ours.nvme_bytes <= 0.9 * hardware.nvme_free
+    assert best is not None and (best.label, best.training.micro_batch, best.training.grad_accum) == (
+        ours.label, ours.training.micro_batch, ours.training.grad_accum)
+
+
+def test_the_largest_recipes_are_the_largest_the_planner_fits():
+    """One more layer of the same width does not fit with 10% headroom: the recipes are the largest of their shape."""
+    from hf_zero3.plan.memory import choose
+    from hf_zero3.plan.profiles import get
+    from hf_zero3.plan.shapes import load_shape, with_changes
+
+    for name, (profile, nodes) in (("20b-h200x2", PROFILES_OF["20b-h200x2"][0]),
+                                   ("10b-h200x1", PROFILES_OF["10b-h200x1"][0])):
+        values = yaml.safe_load((RECIPES_DIR / name / "train_args.yaml").read_text())
+        hardware = get(profile).hardware(nodes, HEADROOM)
+        shape = load_shape(name)
+        batch = values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] * hardware.world_size
+        assert choose(shape, hardware, 4096, global_batch=batch).fits
+        more = [choose(with_changes(shape, layers=shape.layers + k), hardware, 4096, global_batch=batch).fits
+                for k in (2, 4)]
+        assert more == [False, False], (name, more)
