@@ -140,7 +140,22 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) 
     config["dtype"] = DTYPES[dtype]
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    generation_ready(tmp)
     (tmp / "README.md").write_text(model_card(checkpoint, dtype=dtype))
+
+
+def generation_ready(folder: Path) -> None:
+    """Turn the KV cache back on in `folder`'s config.json and generation_config.json.
+
+    Why: training sets `use_cache: false` (the cache only costs memory there) and save_pretrained writes it into
+    both files, so `generate` and `pipeline` would recompute every past token at each new one."""
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        if path.is_file():
+            config = json.loads(path.read_text())
+            if config.get("use_cache") is False:
+                config["use_cache"] = True
+                path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:

@@ -614,6 +614,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
+        if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
+            from hf_zero3.checkpoint.export import generation_ready
+
+            generation_ready(Path(training_args.output_dir))
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
