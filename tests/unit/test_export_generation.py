@@ -49,3 +49,15 @@ def test_export_turns_the_kv_cache_back_on_and_generate_uses_past_key_values(tmp
                             return_dict_in_generate=True, pad_token_id=1)
     assert result.past_key_values is not None and result.past_key_values.get_seq_length() >= 8
     assert lengths == [5, 1, 1, 1], lengths  # the prompt once, then one token per step: the cache is used
+
+
+def test_export_cli_takes_the_one_size_grammar(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from hf_zero3.cli import main
+
+    code = main(["export", str(_trained_checkpoint(tmp_path)), str(tmp_path / "out"), "--shard-size", "1KiB"])
+    assert code == 0, capsys.readouterr()
+    shards = sorted((tmp_path / "out").glob("model-*.safetensors"))
+    assert len(shards) > 1  # 1 KiB (2^10 bytes) per shard: several shards for this ~4 KiB bf16 model
+    assert all(sum(t.numel() * t.element_size() for t in load_file(s).values()) <= 1024 for s in shards)
