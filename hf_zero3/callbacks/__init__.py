@@ -9,8 +9,9 @@ from hf_zero3.callbacks.nonfinite_guard import NonFiniteError, NonFiniteGuardCal
 from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
-def default_callbacks(training_args, seq_len: int | None = None) -> list:
+def default_callbacks(training_args, seq_len: int | None = None, sources: dict | None = None) -> list:
     """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments).
+    `sources` (base_model, datasets) go into each checkpoint's marker, for the model card.
 
     Order matters: the ones that add fields to the logs come before JsonlLogCallback, which writes them.
     """
@@ -19,7 +20,7 @@ def default_callbacks(training_args, seq_len: int | None = None) -> list:
         callbacks.append(ThroughputCallback(seq_len=seq_len))
     callbacks.append(NonFiniteGuardCallback(patience=getattr(training_args, "stop_after_nonfinite_steps", 3)))
     callbacks.append(JsonlLogCallback())  # after the guard above: it adds its counts to the logs
-    callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit))
+    callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit, sources=sources))
     if training_args.push_to_hub:  # after the guard: pushes only checkpoints it marked complete
         callbacks.append(HubPushCallback(training_args.hub_model_id, private=bool(training_args.hub_private_repo),
                                          revision=training_args.hub_revision))

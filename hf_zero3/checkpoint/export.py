@@ -83,12 +83,13 @@ def _staging(out: Path) -> tuple[Path, Path]:
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: str = "bf16",
-                      max_shard_size: str | int = "5GB") -> Path:
+                      max_shard_size: str | int = "5GB", license: str | None = None) -> Path:
     """Write `out`: sharded safetensors of the fp32 master weights cast to `dtype`, config, tokenizer, card.
 
     Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, as
     `save_pretrained` does; `from_pretrained` ties them again. Arguments are checked before anything is
     written, and a failed export leaves nothing behind (the staging folder and any folder it created go).
+    `license` goes into the card's metadata (default: the run's `hub_license`, else "other").
     """
     checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in DTYPES:
@@ -97,7 +98,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     _require_complete(checkpoint)
     tmp, created = _staging(out)
     try:
-        _write_export(checkpoint, tmp, dtype, max_shard_size)
+        _write_export(checkpoint, tmp, dtype, max_shard_size, license)
         if problems := verify_weights(tmp, shapes_from=checkpoint):
             raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
         tmp.rename(out)
@@ -113,12 +114,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     return out
 
 
-def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) -> None:
+def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, license: str | None) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, to_torch_tensor
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    from hf_zero3.checkpoint.hub import model_card
+    from hf_zero3.checkpoint.card import model_card
 
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
     first_name: dict[int, str] = {}
@@ -141,7 +142,7 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) 
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     generation_ready(tmp)
-    (tmp / "README.md").write_text(model_card(checkpoint, dtype=dtype))
+    (tmp / "README.md").write_text(str(model_card(checkpoint, dtype=dtype, license=license)))
 
 
 def generation_ready(folder: Path) -> None:

@@ -1,4 +1,4 @@
-"""Push an exported model folder to the Hugging Face Hub, with a model card that says how it was trained.
+"""Push an exported model folder (with its model card, `hf_zero3.checkpoint.card`) to the Hugging Face Hub.
 
 Why: the stock `push_to_hub` uploads whatever the Trainer saved, which under ZeRO-3 without 16-bit gathering
 is an empty state dict. We push only an exported folder (`hf_zero3.checkpoint.export`) whose weights were checked, and
@@ -8,57 +8,14 @@ only its model files. The token is never ours to handle: huggingface_hub reads `
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_step, read_marker, verify_weights
+from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
 
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]
 """What a push uploads from the folder: model files and the card, never optimizer or RNG state."""
-
-
-def _final_loss(checkpoint: Path) -> tuple[float | None, int | None]:
-    try:
-        history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
-    except (OSError, ValueError, KeyError):
-        return None, None
-    logged = [r for r in history if "loss" in r]
-    return (logged[-1]["loss"], logged[-1]["step"]) if logged else (None, None)
-
-
-def model_card(checkpoint: str | os.PathLike, dtype: str) -> str:
-    """README.md for the export of `checkpoint`: recipe and version, hardware, loss, throughput, resolved configs.
-
-    Built from the checkpoint's completion marker (written by CheckpointGuardCallback) and trainer state.
-    """
-    checkpoint = Path(checkpoint)
-    marker = read_marker(checkpoint) or {}
-    recipe = marker.get("recipe") or {}
-    hardware = marker.get("hardware") or {}
-    speed = marker.get("throughput") or {}
-    loss, loss_step = _final_loss(checkpoint)
-    rows = {
-        "recipe": f"{recipe.get('name')} {recipe.get('version') or ''}".strip() if recipe else "custom",
-        "trained with": f"hf_zero3 {marker.get('hf_zero3_version', 'unknown')}, DeepSpeed ZeRO-3",
-        "hardware": f"{hardware.get('ranks', '?')} ranks, {hardware.get('device', 'unknown device')}",
-        "checkpoint": f"step {checkpoint_step(checkpoint)}, saved {marker.get('written_at', 'unknown')}",
-        "final training loss": f"{loss:.4f} (step {loss_step})" if loss is not None else "not logged",
-        "throughput": (f"{speed['samples_per_second']:.2f} samples/s, {speed['steps_per_second']:.3f} steps/s "
-                       f"(over {speed['measured_over_steps']} steps)") if speed else "not measured",
-        "weights": f"{dtype}, from the fp32 master weights (DeepSpeed zero_to_fp32)",
-    }
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
-    configs = ""
-    for title, key in (("DeepSpeed config (resolved)", "ds_config"), ("TrainingArguments", "training_args")):
-        if marker.get(key) is not None:
-            configs += (f"\n<details><summary>{title}</summary>\n\n```json\n"
-                        f"{json.dumps(marker[key], indent=2, sort_keys=True, default=str)}\n```\n</details>\n")
-    return ("---\nlibrary_name: transformers\ntags:\n- hf_zero3\n- deepspeed\n- zero3\n---\n\n"
-            f"# {checkpoint.parent.name} / {checkpoint.name}\n\nA causal LM trained with DeepSpeed ZeRO-3 and the "
-            "Hugging Face Trainer through hf_zero3; load it with "
-            "`AutoModelForCausalLM.from_pretrained`.\n\n| | |\n|---|---|\n" + table + "\n" + configs)
 
 
 def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:

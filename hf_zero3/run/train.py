@@ -85,6 +85,9 @@ class TrainingArguments(transformers.TrainingArguments):
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
                                      "skipped on such steps either way)."})
+    hub_license: str | None = field(
+        default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
+                                        "llama3.1 (the base model's); default: other."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -587,7 +590,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
                                                  max_positions=model.config.max_position_embeddings)
     try:
-        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size), *extra_callbacks]
+        sources = {"base_model": model_args.model_name_or_path,
+                   "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
+        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size, sources=sources),
+                     *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both

@@ -139,9 +139,11 @@ def test_callback_pushes_exported_weights_with_a_card_at_each_save(reference, hu
                                         "tokenizer.json", "tokenizer_config.json", "README.md"}
     card = pushes[-1]["files"]["README.md"].decode()
     final_loss = losses_by_step(out)[STEPS]
-    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU", "samples/s", '"stage": 3',
-                 f"| final training loss | {final_loss:.4f} (step 8) |", '"per_device_train_batch_size": 8'):
+    for text in ("- Recipe: `tiny` v1", "- Hardware: 2 × CPU", "samples/s", "- distributed_type: DeepSpeed ZeRO-3",
+                 f"- Final training loss: {final_loss:.4f} (step 8)", "- train_batch_size: 8", "license: other",
+                 "- transformers "):
         assert text in card, text
+    assert str(out) not in card and "Infinity" not in card
     from safetensors.torch import load
 
     pushed = load(pushes[-1]["files"]["model.safetensors"])
@@ -316,7 +318,7 @@ def test_push_cli_uploads_an_exported_folder_to_a_private_branch(exported, hub):
     commit = [c for c in hub.commits if c["repo"] == "org/cli"][-1]
     assert commit["revision"] == "v1"
     assert set(commit["files"]) == {p.name for p in (root / "bf16").iterdir()}
-    assert "| recipe | tiny v1 |" in commit["files"]["README.md"].decode()
+    assert "- Recipe: `tiny` v1" in commit["files"]["README.md"].decode()
 
 
 def test_reshard_two_ranks_then_resume_on_one(reference, tmp_path):
