@@ -255,7 +255,8 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
                                  f"{_fmt(x['gpu_peak_allocated_gb'], 2)} | {_fmt(x['gpu_peak_reserved_gb'], 2)} | "
                                  f"{_fmt(x['step_time_s'], 3)} |")
     lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
-              "embeddings) against the GPU's dense bf16 peak (`hf_zero3.callbacks.throughput.PEAK_TFLOPS`: 989 TFLOP/s for H100 SXM/H200).", "",
+              "embeddings) against the GPU's dense bf16 peak (`--peak-tflops`, else `hf_zero3.callbacks.throughput.PEAK_TFLOPS`: "
+              "989 TFLOP/s for H100 SXM/H200; no MFU for a GPU it does not list).", "",
               "## Resolved configurations", ""]
     for name, config in meta["configs"].items():
         lines += [f"### {name}", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import os
 import re
 import shutil
@@ -85,6 +84,9 @@ class TrainingArguments(transformers.TrainingArguments):
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
                                      "skipped on such steps either way)."})
+    peak_tflops: float | None = field(
+        default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
+                                        "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})
@@ -627,7 +629,6 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
-        eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
