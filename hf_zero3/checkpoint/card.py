@@ -127,9 +127,9 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     origin = (f"a fine-tuned version of [{base_model}]({HUB}/{base_model})" if base_model
               else "fine-tuned from a local model" if sources.get("base_model") else "trained from scratch")
     on = f" on {', '.join(f'[{d}]({HUB}/datasets/{d})' for d in datasets)}" if datasets else ""
-    lines = [f"# {name}", "", f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer "
-             "through hf_zero3. Load it with "
-             "`AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.", ""]
+    intro = (f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer through hf_zero3. "
+             "Load it with `AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+    lines = [f"# {name}", "", intro, ""]
     if eval_loss is not None:
         lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
                   f"- Loss: {eval_loss:.4f}", f"- Perplexity: {math.exp(min(eval_loss, 50.0)):.4f}", ""]

@@ -38,33 +38,59 @@ def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
     return repo_id
 
 
-def _push_error(e: Exception, repo_id: str) -> CheckpointError | None:
-    """A push failure as an error that names the fix, or None for one we cannot explain better."""
+def _kinds(e: BaseException) -> set[str]:
+    """The class names of `e` and its bases: the HTTP library (httpx or a fork) is matched by name, not imported."""
+    return {cls.__name__ for cls in type(e).__mro__}
+
+
+def _push_error(e: Exception, repo_id: str) -> CheckpointError:
+    """A push failure as a one-line error that names the fix (never the token: it is in no message we quote)."""
     import socket
 
     from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalTokenNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
 
     causes, cause = [], e
     while cause is not None and len(causes) < 10:  # the HTTP library's error wraps the socket's
         causes.append(cause)
         cause = cause.__cause__ or cause.__context__
     where = f"the Hub at {constants.ENDPOINT}"
+    org = repo_id.split("/")[0]
     status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else None
+    if isinstance(e, RepositoryNotFoundError):
+        return CheckpointError(f"{where} has no repo {repo_id} that this token can see (HTTP {status}): check the repo "
+                               f"id, and that HF_TOKEN (or `hf auth login`) is a token of {org} with write access")
     if isinstance(e, LocalTokenNotFoundError) or status == 401:
         return CheckpointError(f"{where} refused the request as unauthenticated (HTTP 401): set HF_TOKEN to a token "
                                "with write access, or run `hf auth login`")
     if status == 403:
         return CheckpointError(f"{where} refused to let this token write to {repo_id} (HTTP 403): use a token with "
-                               f"write access to {repo_id.split('/')[0]} (HF_TOKEN or `hf auth login`)")
+                               f"write access to {org} (HF_TOKEN or `hf auth login`), or push to a repo of your own")
     if isinstance(e, OfflineModeIsEnabled):
         return CheckpointError("HF_HUB_OFFLINE is set, so nothing can be pushed: unset it")
-    if any(isinstance(c, (ConnectionError, TimeoutError, socket.gaierror)) for c in causes):
-        return CheckpointError(f"cannot reach {where} ({causes[-1]}): check the network, and HF_ENDPOINT if you set "
-                               "it (unset, it is https://huggingface.co)")
+    if any(isinstance(c, (ConnectionRefusedError, socket.gaierror)) or _kinds(c) & {"ConnectError", "ConnectTimeout"}
+           for c in causes):
+        return CheckpointError(f"cannot reach {where} ({_one_line(causes[-1])}): check the network, and HF_ENDPOINT "
+                               "if you set it (unset, it is https://huggingface.co)")
+    if any(isinstance(c, (ConnectionError, TimeoutError)) or "TransportError" in _kinds(c) for c in causes):
+        return CheckpointError(f"the upload to {where} was interrupted ({_one_line(e)}: {_one_line(causes[-1])}); "
+                               f"nothing was committed to {repo_id}: run the same push again (files the Hub already "
+                               "holds are not sent again)")
     if status is not None:
-        return CheckpointError(f"{where} answered HTTP {status} for {repo_id}: {e}")
-    return None
+        return CheckpointError(f"{where} answered HTTP {status} for {repo_id}: {_one_line(e)}: run the push again; if "
+                               "it fails the same way, see https://status.huggingface.co")
+    return CheckpointError(f"pushing to {repo_id} at {where} failed: {type(e).__name__}: {_one_line(e)}: run the push "
+                           "again; set HF_DEBUG=1 to see each request")
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, revision: str | None = None,
@@ -94,7 +120,5 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
                                  commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
     except Exception as e:
-        if (error := _push_error(e, repo_id)) is None:
-            raise
-        raise error from e
+        raise _push_error(e, repo_id) from e
     return info.commit_url

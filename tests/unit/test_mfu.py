@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.callbacks import ThroughputCallback
-from hf_zero3.callbacks import throughput
+from hf_zero3.callbacks import ThroughputCallback, throughput
 from hf_zero3.callbacks.throughput import PEAK_TFLOPS, peak_tflops_of
 
 
@@ -29,7 +28,7 @@ def test_peak_by_the_name_torch_gives(name, peak):
 def test_every_peak_in_the_table_names_its_source():
     text = Path(throughput.__file__).read_text()
     table = text[text.index("PEAK_TFLOPS = {"):text.index("\n}\n")]
-    rows = re.findall(r'^    "([^"]+)": ([\d.]+),(.*)$', table, re.M)
+    rows = re.findall(r'^    "([^"]+)": ([\d.]+),(.*)$', table, re.MULTILINE)
     assert len(rows) == len(PEAK_TFLOPS) >= 20
     assert all("#" in comment and len(comment) > 20 for _, _, comment in rows), rows
 
