@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3 import recipes
+from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import gather_from_ranks
 from hf_zero3.checkpoint import lifecycle as ckpt
 
@@ -145,7 +146,7 @@ class CheckpointGuardCallback(TrainerCallback):
         ckpt.write_marker(folder, {**_provenance(args, state, self._first_step), "sources": self.sources},
                           hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
-            print(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)", flush=True)
+            say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
 
 
 def _gathers_weights(args) -> bool:

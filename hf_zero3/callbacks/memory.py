@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import gather_from_ranks, merge_into_logs
 
 GB = 1024**3
@@ -98,4 +99,4 @@ class MemoryCallback(TrainerCallback):
                              "GiB alloc/reserved")
             parts.append(f"host rss {worst['host_rss_gb']:.2f} GiB (max of {len(records)} ranks), "
                          f"available {worst['host_available_gb']:.1f} GiB")
-            print("hf_zero3 memory: " + " | ".join(parts), flush=True)
+            say("hf_zero3 memory: " + " | ".join(parts))  # through tqdm: the Trainer's bar stays whole

@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
             from hf_zero3.checkpoint.export import export_checkpoint
 
             out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size,
-                                    license=args.license)
+                                    license=args.license, progress=lambda line: print(line, file=sys.stderr, flush=True))
             print(f"exported {args.checkpoint} -> {out} ({args.dtype})")
         elif args.verb == "reshard":
             from hf_zero3.checkpoint.export import reshard_checkpoint
@@ -53,6 +53,8 @@ def main(args: argparse.Namespace) -> int:
             from hf_zero3.checkpoint.hub import check_repo_id, push_folder
 
             check_repo_id(args.repo_id, "--repo-id")
+            print(f"pushing {args.folder} to {args.repo_id} (huggingface_hub shows each file's upload)",
+                  file=sys.stderr, flush=True)
             url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
             print(f"pushed {args.folder} to {args.repo_id}: {url}")
     except CheckpointError as e:

@@ -292,13 +292,21 @@ def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
     return True
 
 
+def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
+    """'label: step 4/10, 12 s, ETA 18 s': the ETA from the mean time per step so far (start-up included)."""
+    eta = elapsed / done * (total - done) if done else float("nan")
+    return f"{label}: step {done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s"
+
+
 def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
     """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
     stopped and reported as exit 124, so one hung run cannot eat a whole bench."""
     from tqdm import tqdm
 
     start = time.time()
-    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
+    on_terminal = sys.stderr.isatty()
+    every, reported = max(1, total // 10), 0  # off a terminal (nohup, Slurm): a line per `every` steps instead
+    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not on_terminal) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
             if limit and time.time() - start > limit:
@@ -307,6 +315,9 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
                 return 124
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
+            if not on_terminal and done >= min(total, reported + every):
+                reported = done
+                print(progress_line(label, done, total, time.time() - start), file=sys.stderr, flush=True)
     print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
     return proc.returncode
 

@@ -57,7 +57,11 @@ def test_export_cli_takes_the_one_size_grammar(tmp_path, capsys):
     from hf_zero3.cli import main
 
     code = main(["export", str(_trained_checkpoint(tmp_path)), str(tmp_path / "out"), "--shard-size", "1KiB"])
-    assert code == 0, capsys.readouterr()
+    err = capsys.readouterr().err
+    assert code == 0, err
     shards = sorted((tmp_path / "out").glob("model-*.safetensors"))
     assert len(shards) > 1  # 1 KiB (2^10 bytes) per shard: several shards for this ~4 KiB bf16 model
     assert all(sum(t.numel() * t.element_size() for t in load_file(s).values()) <= 1024 for s in shards)
+    lines = [line for line in err.splitlines() if line.startswith("export: shard ")]  # progress, shard by shard
+    assert len(lines) == len(shards) and lines[-1].startswith(f"export: shard {len(shards)}/{len(shards)} "), err
+    assert " GB, " in lines[-1] and "ETA 0 s" in lines[-1], lines[-1]
