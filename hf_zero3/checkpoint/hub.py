@@ -9,6 +9,8 @@ only its model files. The token is never ours to handle: huggingface_hub reads `
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 
 from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
@@ -94,11 +96,11 @@ def _one_line(e: BaseException, limit: int = 200) -> str:
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, revision: str | None = None,
-                commit_message: str | None = None) -> str:
+                commit_message: str | None = None, progress: Callable[[str], None] | None = None) -> str:
     """Upload the model files of an exported `folder` to `repo_id` (created if needed); returns the commit URL.
 
     Refuses a folder whose weights are missing or empty. `private` applies when the repo is created;
-    `revision` is a branch, created from main if needed.
+    `revision` is a branch, created from main if needed; `progress` gets a line before the upload starts.
     """
     from huggingface_hub import HfApi
 
@@ -112,6 +114,10 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
                               "`hf-zero3 export`")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"not pushing {folder}: no config.json, so from_pretrained could not load it")
+    if progress:
+        files = [p for p in folder.iterdir() if p.is_file() and any(fnmatch(p.name, pattern) for pattern in PUSHED)]
+        progress(f"push: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e9:.2f} GB to {repo_id} "
+                 "(huggingface_hub shows each upload)")
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -53,9 +53,8 @@ def main(args: argparse.Namespace) -> int:
             from hf_zero3.checkpoint.hub import check_repo_id, push_folder
 
             check_repo_id(args.repo_id, "--repo-id")
-            print(f"pushing {args.folder} to {args.repo_id} (huggingface_hub shows each file's upload)",
-                  file=sys.stderr, flush=True)
-            url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
+            url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
             print(f"pushed {args.folder} to {args.repo_id}: {url}")
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -263,33 +263,12 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
-    """tokens/s per GPU and peak allocated memory per step, one line per variant; False without matplotlib."""
-    try:
-        import matplotlib
+def plot(path: Path, per_variant: dict[str, list[dict]], title: str = "", warmup: int = 0) -> bool:
+    """Loss, tokens/s per GPU and memory per step, one colour per variant (hf_zero3.ops.plots); False without
+    matplotlib."""
+    from hf_zero3.ops.plots import plot_runs
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for index, (name, records) in enumerate(per_variant.items()):
-        for repeat in sorted({r.get("repeat", 1) for r in records}):  # one colour per variant, a line per run
-            steps = [r for r in records if "loss" in r and r.get("repeat", 1) == repeat]
-            style = {"color": f"C{index}", "marker": "o", "label": name if repeat == 1 else None, "alpha": 0.8}
-            top.plot([r["step"] for r in steps], [r.get("tokens_per_s_per_gpu") for r in steps], **style)
-            key = "gpu_peak_allocated_gb" if any("gpu_peak_allocated_gb" in r for r in steps) else "host_rss_gb"
-            bottom.plot([r["step"] for r in steps], [r.get(key) for r in steps], **style)
-            bottom.set_ylabel(f"{key} (GiB)")
-    top.set_ylabel("tokens/s per GPU")
-    bottom.set_xlabel("step")
-    top.legend()
-    top.grid(alpha=0.3)
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return plot_runs(path, per_variant, title, warmup)
 
 
 def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
@@ -430,8 +409,9 @@ def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[st
             for record in records:
                 f.write(json.dumps({"variant": name, **record}) + "\n")
     text = render_report(meta, results)
-    if plot(report.with_suffix(".png"), per_variant):
-        text += f"\n![tokens/s and memory per step]({report.with_suffix('.png').name})\n"
+    title = f"{meta['title']}\n{meta['hardware']}"
+    if plot(report.with_suffix(".png"), per_variant, title=title, warmup=meta.get("warmup", 0)):
+        text += f"\n![loss, tokens/s and memory per step]({report.with_suffix('.png').name})\n"
     report.write_text(text)
 
 

@@ -556,6 +556,15 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
     path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
 
 
+def _plot_line(out: Path, model_args, training_args) -> str:
+    """train_log.png next to train_log.jsonl (loss, throughput, memory per step); the line that says where."""
+    from hf_zero3.ops.plots import plot_train_log
+    from hf_zero3.plan.hardware import gpu_name
+
+    model = Path(model_args.model_name_or_path or model_args.config_name or "model").name
+    return plot_train_log(out, f"{model} ({out.name}): {training_args.world_size} x {gpu_name() or 'CPU'}")
+
+
 def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
     values = load_arguments(argv)
@@ -648,6 +657,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         if newest:
             print(f"hf_zero3: last checkpoint: {newest}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
+        print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
     return metrics

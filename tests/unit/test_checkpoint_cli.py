@@ -158,6 +158,7 @@ def test_push_sends_the_weights_through_lfs_as_the_hub_does(exported, hub, tmp_p
     assert commit["files"]["model.safetensors"] == (exported / "model.safetensors").read_bytes()
     assert commit["files"]["config.json"] == b"{}"
     assert hub.auth == {f"Bearer {TOKEN}"} and TOKEN not in proc.stdout + proc.stderr
+    assert "push: 2 files, 0.00 GB to org/name (huggingface_hub shows each upload)" in proc.stderr
 
 
 def test_push_refused_by_the_hub_names_hf_token_and_login(exported, hub, tmp_path):

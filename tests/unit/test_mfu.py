@@ -95,3 +95,4 @@ def test_train_logs_mfu_with_peak_tflops_and_eval_perplexity_reaches_the_integra
     assert all(r["eval_perplexity"] == pytest.approx(math.exp(r["eval_loss"])) for r in evals)
     assert all(r["mfu"] > 0 for r in integration.records if "loss" in r)
     assert [r for r in train_log(tmp_path / "run") if "eval_perplexity" in r]
+    assert (tmp_path / "run" / "train_log.png").read_bytes()[:4] == b"\x89PNG"  # drawn at the end, rank 0
