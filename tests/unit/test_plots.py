@@ -22,7 +22,7 @@ def test_bench_figure_has_title_warmup_integer_steps_worded_axes_and_a_loss_pane
 
     fig = runs_figure({"ours": _records(100) + _records(110, 2), "stock": _records(70)},
                       "8b on 2xH200: hf_zero3 vs stock\n2 x NVIDIA H200 (140 GiB)", warmup=3)
-    loss, speed, memory = fig.axes
+    loss, _, memory = fig.axes
     assert "8b" in fig._suptitle.get_text() and "NVIDIA H200" in fig._suptitle.get_text()
     assert [a.get_ylabel() for a in fig.axes] == ["training loss", "throughput (tokens/s per GPU)",
                                                   "peak GPU memory allocated (GiB)"]
