@@ -96,6 +96,7 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from hf_zero3 import __version__
+    from hf_zero3.callbacks.perplexity import perplexity
 
     checkpoint = Path(checkpoint)
     marker = read_marker(checkpoint) or {}
@@ -116,7 +117,7 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
                  "dataset_name": datasets[0] if datasets else "held-out validation text"}
         results = [EvalResult(metric_type="loss", metric_name="Eval loss", metric_value=round(eval_loss, 4), **where),
                    EvalResult(metric_type="perplexity", metric_name="Perplexity",
-                              metric_value=round(math.exp(min(eval_loss, 50.0)), 4), **where)]
+                              metric_value=round(perplexity(eval_loss), 4), **where)]
     data = ModelCardData(
         base_model=base_model, datasets=datasets or None,
         license=license or training.get("hub_license") or DEFAULT_LICENSE, library_name="transformers",
@@ -132,7 +133,7 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     lines = [f"# {name}", "", intro, ""]
     if eval_loss is not None:
         lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
-                  f"- Loss: {eval_loss:.4f}", f"- Perplexity: {math.exp(min(eval_loss, 50.0)):.4f}", ""]
+                  f"- Loss: {eval_loss:.4f}", f"- Perplexity: {perplexity(eval_loss):.4f}", ""]
     lines += ["## Training procedure", ""]
     recipe_text = f"`{recipe['name']}` {recipe.get('version') or ''}".strip() if recipe.get("name") else "none (custom)"
     lines += [f"- Recipe: {recipe_text}",
