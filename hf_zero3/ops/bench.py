@@ -294,7 +294,7 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
                 return 124
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
-            if not on_terminal and done >= min(total, reported + every):
+            if not on_terminal and done > reported and done >= min(total, reported + every):
                 reported = done
                 print(progress_line(label, done, total, time.time() - start), file=sys.stderr, flush=True)
     print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
