@@ -31,6 +31,17 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0, e.g. a GPU's peak TFLOP/s."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def int_or_auto(text: str) -> int | str:
     """A positive integer, or "auto" (the HF bridge fills it from TrainingArguments)."""
     if text == "auto":

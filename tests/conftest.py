@@ -143,20 +143,20 @@ def master_weights(step: int) -> dict[str, torch.Tensor]:
 
 
 def make_checkpoint(root: Path, step: int, world_size: int = 2, marked: bool = True, weights: dict | None = None,
-                    loss: float = 3.0) -> Path:
+                    loss: float = 3.0, masters: dict | None = None) -> Path:
     """A checkpoint-N folder with every file a 2-rank ZeRO-3 save writes (tiny contents), in DeepSpeed's
-    layout: each rank's optimizer states hold its partition of `master_weights(step)` (padded flat group), so
-    `zero_to_fp32` (and `hf-zero3 export`) rebuild them."""
+    layout: each rank's optimizer states hold its partition of `masters` (default `master_weights(step)`;
+    padded flat group), so `zero_to_fp32` (and `hf-zero3 export`) rebuild them."""
     folder = root / f"checkpoint-{step}"
     tag = folder / f"global_step{step}"
     tag.mkdir(parents=True)
     (folder / "latest").write_text(tag.name)
-    masters = master_weights(step)
+    masters = master_weights(step) if masters is None else masters
     parts = [(numel := -(-w.numel() // world_size), torch.nn.functional.pad(w.flatten(), (0, numel * world_size
                                                                                           - w.numel())))
              for w in masters.values()]
     for rank in range(world_size):
-        states = {"param_shapes": [OrderedDict((k, torch.Size(v)) for k, v in SHAPES.items())],
+        states = {"param_shapes": [OrderedDict((k, v.shape) for k, v in masters.items())],
                   "dp_world_size": world_size, "shared_params": {}, "frozen_param_shapes": None,
                   "buffer_names": [], "module": {}, "ds_version": "0.19.8",
                   "ds_config": {"zero_optimization": {"stage": 3,

@@ -6,20 +6,22 @@ from hf_zero3.callbacks.hub_push import HubPushCallback
 from hf_zero3.callbacks.jsonl_log import JsonlLogCallback
 from hf_zero3.callbacks.memory import MemoryCallback
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError, NonFiniteGuardCallback
+from hf_zero3.callbacks.perplexity import PerplexityCallback
 from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
-def default_callbacks(training_args, seq_len: int | None = None) -> list:
+def default_callbacks(training_args, seq_len: int | None = None, sources: dict | None = None) -> list:
     """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments).
+    `sources` (base_model, datasets) go into each checkpoint's marker, for the model card.
 
     Order matters: the ones that add fields to the logs come before JsonlLogCallback, which writes them.
     """
-    callbacks = [MemoryCallback()]
+    callbacks = [MemoryCallback(), PerplexityCallback()]
     if seq_len:
-        callbacks.append(ThroughputCallback(seq_len=seq_len))
+        callbacks.append(ThroughputCallback(seq_len=seq_len, peak_tflops=getattr(training_args, "peak_tflops", None)))
     callbacks.append(NonFiniteGuardCallback(patience=getattr(training_args, "stop_after_nonfinite_steps", 3)))
     callbacks.append(JsonlLogCallback())  # after the guard above: it adds its counts to the logs
-    callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit))
+    callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit, sources=sources))
     if training_args.push_to_hub:  # after the guard: pushes only checkpoints it marked complete
         callbacks.append(HubPushCallback(training_args.hub_model_id, private=bool(training_args.hub_private_repo),
                                          revision=training_args.hub_revision))
@@ -41,4 +43,5 @@ def install_callbacks(trainer, callbacks: list) -> None:
 
 __all__ = ["CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
            "MemoryCallback", "NonFiniteError",
-           "NonFiniteGuardCallback", "ThroughputCallback", "default_callbacks", "install_callbacks"]
+           "NonFiniteGuardCallback", "PerplexityCallback", "ThroughputCallback", "default_callbacks",
+           "install_callbacks"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3 import recipes
+from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import gather_from_ranks
 from hf_zero3.checkpoint import lifecycle as ckpt
 
@@ -30,11 +31,14 @@ class CheckpointGuardCallback(TrainerCallback):
         save_total_limit: complete checkpoints to keep (None: keep all). Set it here and leave
             `TrainingArguments.save_total_limit` at None: the Trainer's own rotation counts incomplete folders.
         space_margin: free space wanted before a save, as a multiple of the newest complete checkpoint's size.
+        sources: what the run started from, recorded for the model card: `base_model` (the pretrained weights'
+            folder or hub id) and `datasets` (hub dataset ids).
     """
 
-    def __init__(self, save_total_limit: int | None = None, space_margin: float = 1.05):
+    def __init__(self, save_total_limit: int | None = None, space_margin: float = 1.05, sources: dict | None = None):
         self.save_total_limit = save_total_limit
         self.space_margin = space_margin
+        self.sources = sources or {}
         self._first_step = 0  # of this run (a resumed run starts later): the throughput it measured
         self._saving: Path | None = None  # the checkpoint being written, between on_step_end and on_save
         self._previous_hook = None
@@ -139,10 +143,10 @@ class CheckpointGuardCallback(TrainerCallback):
         self._saving = None
         if not state.is_world_process_zero:
             return
-        ckpt.write_marker(folder, _provenance(args, state, self._first_step),
+        ckpt.write_marker(folder, {**_provenance(args, state, self._first_step), "sources": self.sources},
                           hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
-            print(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)", flush=True)
+            say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
 
 
 def _gathers_weights(args) -> bool:
@@ -170,6 +174,7 @@ def _provenance(args, state, first_step: int) -> dict:
     import json
 
     from hf_zero3 import __version__
+    from hf_zero3.plan.hardware import versions
 
     # ThroughputCallback's figures (eval and save time excluded), not a second timer of our own
     timed = [r for r in state.log_history if "samples_per_s" in r and "step_time_s" in r and r["step"] > first_step]
@@ -178,6 +183,7 @@ def _provenance(args, state, first_step: int) -> dict:
         "world_size": args.world_size,
         "weights_16bit": _gathers_weights(args),
         "hf_zero3_version": __version__,
+        "versions": versions(),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hardware": _hardware(args),
         "recipe": _recipe(args),

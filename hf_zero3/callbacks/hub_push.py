@@ -10,6 +10,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_zero3.callbacks._console import say
 from hf_zero3.checkpoint.hub import check_repo_id
 from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir, is_complete
 
@@ -127,8 +128,8 @@ class HubPushCallback(TrainerCallback):
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=STAGING_PREFIX))
         source = self._snapshot(folder, staging)
         if busy:
-            print(f"hf_zero3: the previous push is still running; {folder.name} is not pushed now (the end of "
-                  "training pushes the last one skipped)", flush=True)
+            say(f"hf_zero3: the previous push is still running; {folder.name} is not pushed now (the end of "
+                "training pushes the last one skipped)")
             self._drop_skipped()
             self._skipped = (folder, source or folder, staging)
         elif source is not None:
@@ -216,7 +217,7 @@ class HubPushCallback(TrainerCallback):
         try:
             url = push_folder(out, self.repo_id, self.private, self.revision,
                               commit_message=f"{out.name} (step {out.name.split('-')[-1]})")
-            print(f"hf_zero3: pushed {out.name} to {self.repo_id}: {url}", flush=True)
+            say(f"hf_zero3: pushed {out.name} to {self.repo_id}: {url}")
         except Exception as e:  # noqa: BLE001 -- network, auth, quota: the run must not die for it
-            print(f"hf_zero3: WARNING: pushing {out.name} to {self.repo_id} failed ({type(e).__name__}: {e}); "
-                  "training goes on, the next save pushes again", flush=True)
+            say(f"hf_zero3: WARNING: pushing {out.name} to {self.repo_id} failed ({type(e).__name__}: {e}); "
+                "training goes on, the next save pushes again")

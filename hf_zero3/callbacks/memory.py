@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import gather_from_ranks, merge_into_logs
 
 GB = 1024**3
@@ -96,6 +97,7 @@ class MemoryCallback(TrainerCallback):
             if "gpu_peak_allocated_gb" in worst:
                 parts.append(f"gpu peak {worst['gpu_peak_allocated_gb']:.2f}/{worst['gpu_peak_reserved_gb']:.2f} "
                              "GiB alloc/reserved")
-            parts.append(f"host rss {worst['host_rss_gb']:.2f} GiB (max of {len(records)} ranks), "
+            ranks = f"max of {len(records)} ranks" if len(records) > 1 else "one rank"
+            parts.append(f"host rss {worst['host_rss_gb']:.2f} GiB ({ranks}), "
                          f"available {worst['host_available_gb']:.1f} GiB")
-            print("hf_zero3 memory: " + " | ".join(parts), flush=True)
+            say("hf_zero3 memory: " + " | ".join(parts))  # through tqdm: the Trainer's bar stays whole

@@ -6,6 +6,7 @@ import sys
 
 from transformers import TrainerCallback
 
+from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import merge_into_logs
 from hf_zero3.checkpoint import lifecycle as ckpt
 
@@ -91,8 +92,8 @@ class NonFiniteGuardCallback(TrainerCallback):
         if control.should_save:
             control.should_save = False
             if state.is_world_process_zero:
-                print(f"hf_zero3: step {state.global_step} is non-finite (NaN/inf loss or gradients): not saving "
-                      f"checkpoint-{state.global_step}", file=sys.stderr, flush=True)
+                say(f"hf_zero3: step {state.global_step} is non-finite (NaN/inf loss or gradients): not saving "
+                    f"checkpoint-{state.global_step}", file=sys.stderr)
         if self.patience and self.in_a_row >= self.patience:
             raise NonFiniteError(
                 f"the loss or the gradients were NaN/inf for {self.in_a_row} steps in a row (steps "

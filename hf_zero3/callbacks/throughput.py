@@ -10,12 +10,44 @@ from hf_zero3.callbacks._gather import merge_into_logs
 from hf_zero3.run.facts import global_batch_of
 
 PEAK_TFLOPS = {
-    # Dense bf16/fp16 tensor-core peak per GPU (vendor datasheets, without sparsity), matched by name.
-    "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "A800": 312.0,
-    "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0,
-    "T4": 65.0,
+    # Dense (no sparsity) tensor-core TFLOP/s per GPU in bf16 (fp16 on V100, which has no bf16), matched as a
+    # substring of torch.cuda.get_device_name(), longest key first. Sources: the vendors' datasheets.
+    "B200": 2250.0,       # NVIDIA HGX B200 datasheet: FP16/BF16 4.5 PFLOPS with sparsity, 2.25 dense
+    "GB200": 2500.0,      # NVIDIA GB200 NVL72 datasheet: FP16/BF16 360 PFLOPS with sparsity over 72 GPUs
+    "H200": 989.0,        # NVIDIA H200 datasheet (SXM): BF16 1,979 TFLOPS with sparsity
+    "H200 NVL": 835.0,    # NVIDIA H200 datasheet (NVL): BF16 1,671 TFLOPS with sparsity
+    "GH200": 989.0,       # NVIDIA GH200 datasheet: the H100 SXM's 1,979 with sparsity
+    "H100": 989.0,        # NVIDIA H100 datasheet, SXM ("H100 80GB HBM3"): BF16 1,979 TFLOPS with sparsity
+    "H100 PCIe": 756.0,   # NVIDIA H100 datasheet, PCIe: BF16 1,513 TFLOPS with sparsity
+    "H100 NVL": 835.0,    # NVIDIA H100 datasheet, NVL: BF16 1,671 TFLOPS with sparsity
+    "H800": 989.0,        # NVIDIA H800 (SXM): the H100 SXM's compute
+    "A100": 312.0,        # NVIDIA A100 datasheet, 40GB and 80GB, SXM and PCIe: BF16 312 TFLOPS (624 sparse)
+    "A800": 312.0,        # NVIDIA A800: the A100's compute
+    "L40S": 362.0,        # NVIDIA L40S datasheet: BF16 362.05 TFLOPS (733 sparse)
+    "L40": 181.0,         # NVIDIA L40 datasheet: BF16 181.05 TFLOPS (362 sparse)
+    "L4": 121.0,          # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity
+    "A10G": 70.0,         # no NVIDIA datasheet (AWS-only part, EC2 G5): the dense BF16 figure usually cited; check
+                          # it with `hf-zero3 bench` and pass --peak-tflops if yours differs
+    "A10": 125.0,         # NVIDIA A10 datasheet: BF16 125 TFLOPS (250 sparse)
+    "RTX 4090": 165.0,    # NVIDIA Ada Lovelace whitepaper, GeForce RTX 4090: BF16 with FP32 accumulate 165.2
+    "V100": 125.0,        # NVIDIA V100 datasheet, SXM2: FP16 tensor 125 TFLOPS (no bf16 on Volta)
+    "V100-PCIE": 112.0,   # NVIDIA V100 datasheet, PCIe: FP16 tensor 112 TFLOPS
+    "V100S": 130.0,       # NVIDIA V100S datasheet, PCIe: FP16 tensor 130 TFLOPS
+    "T4": 65.0,           # NVIDIA T4 datasheet: FP16 tensor 65 TFLOPS (no bf16 on Turing)
 }
-"""Peak TFLOP/s used for MFU; pass `peak_tflops=` for GPUs not listed."""
+"""Peak TFLOP/s used for MFU; `--peak_tflops` (train) or `--peak-tflops` (bench) for a GPU not listed."""
+
+SET_PEAK = ("pass --peak-tflops N (hf-zero3 train and bench), N being one GPU's dense bf16 TFLOP/s from its "
+            "datasheet (without sparsity)")
+"""How to get MFU on a GPU the table does not know."""
+
+
+def peak_tflops_of(name: str) -> float | None:
+    """The table's peak for a GPU named `name` (as torch.cuda.get_device_name() gives it), or None."""
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # "L40S" before "L40" before "L4"
+        if key.lower() in name.lower():
+            return PEAK_TFLOPS[key]
+    return None
 
 
 def detect_peak_tflops() -> float | None:
@@ -24,11 +56,13 @@ def detect_peak_tflops() -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # "L40S" before "L40" before "L4"
-        if key in name:
-            return PEAK_TFLOPS[key]
-    return None
+    return peak_tflops_of(torch.cuda.get_device_name())
+
+
+def _gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 class ThroughputCallback(TrainerCallback):
@@ -42,10 +76,13 @@ class ThroughputCallback(TrainerCallback):
     Args:
         seq_len: tokens per sample (the block size).
         flops_per_token: model FLOPs per trained token; default: from the model's config.
-        peak_tflops: GPU peak for MFU; default: looked up by GPU name (None on CPU: no MFU).
+        peak_tflops: GPU peak for MFU; default: looked up by GPU name (None on CPU: no MFU; an unknown GPU
+            says how to set it).
     """
 
     def __init__(self, seq_len: int, flops_per_token: float | None = None, peak_tflops: float | None = None):
+        if peak_tflops is not None and not peak_tflops > 0:
+            raise ValueError(f"peak_tflops must be a positive number of TFLOP/s, got {peak_tflops}: {SET_PEAK}")
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
         self.peak_tflops = peak_tflops
@@ -62,8 +99,10 @@ class ThroughputCallback(TrainerCallback):
             except ModelError as e:  # not a Llama-family config: tokens/s still, no TFLOP/s or MFU
                 print(f"hf_zero3: no TFLOP/s or MFU for this model ({e}); pass flops_per_token= to get them",
                       flush=True)
-        if self.peak_tflops is None:
-            self.peak_tflops = detect_peak_tflops()
+        if self.peak_tflops is None and (gpu := _gpu_name()):
+            self.peak_tflops = peak_tflops_of(gpu)
+            if self.peak_tflops is None and getattr(state, "is_world_process_zero", True):
+                print(f"hf_zero3: no MFU: the peak TFLOP/s of {gpu} is not known here: {SET_PEAK}", flush=True)
         self._mark(args, state)
 
     def on_step_end(self, args, state, control, **kwargs):

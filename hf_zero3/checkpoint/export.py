@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hf_zero3.checkpoint.lifecycle import (
@@ -83,12 +85,15 @@ def _staging(out: Path) -> tuple[Path, Path]:
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: str = "bf16",
-                      max_shard_size: str | int = "5GB") -> Path:
+                      max_shard_size: str | int = "5GB", license: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> Path:
     """Write `out`: sharded safetensors of the fp32 master weights cast to `dtype`, config, tokenizer, card.
 
     Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, as
     `save_pretrained` does; `from_pretrained` ties them again. Arguments are checked before anything is
     written, and a failed export leaves nothing behind (the staging folder and any folder it created go).
+    `license` goes into the card's metadata (default: the run's `hub_license`, else "other"); `progress` gets a
+    line per shard written (an 8B export takes minutes).
     """
     checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in DTYPES:
@@ -97,7 +102,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     _require_complete(checkpoint)
     tmp, created = _staging(out)
     try:
-        _write_export(checkpoint, tmp, dtype, max_shard_size)
+        _write_export(checkpoint, tmp, dtype, max_shard_size, license, progress)
         if problems := verify_weights(tmp, shapes_from=checkpoint):
             raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
         tmp.rename(out)
@@ -113,12 +118,13 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     return out
 
 
-def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) -> None:
+def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, license: str | None,
+                  progress: Callable[[str], None] | None = None) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, to_torch_tensor
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    from hf_zero3.checkpoint.hub import model_card
+    from hf_zero3.checkpoint.card import model_card
 
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
     first_name: dict[int, str] = {}
@@ -126,10 +132,17 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) 
     empty = to_torch_tensor(lazy, return_empty_tensor=True, dtype=DTYPES[dtype])
     split = split_torch_state_dict_into_shards(empty, filename_pattern="model{suffix}.safetensors",
                                                max_shard_size=max_shard_size)
-    for filename, names in split.filename_to_tensors.items():
+    started, written, count = time.monotonic(), 0, len(split.filename_to_tensors)
+    for number, (filename, names) in enumerate(split.filename_to_tensors.items(), 1):
         shard = to_torch_tensor({name: lazy[name] for name in names}, dtype=DTYPES[dtype])
         save_file(shard, str(tmp / filename), metadata={"format": "pt"})
+        written += sum(t.numel() * t.element_size() for t in shard.values())
         del shard
+        if progress and written:
+            elapsed = time.monotonic() - started
+            progress(f"export: shard {number}/{count} {filename}: {written / 1e9:.2f} of "
+                     f"{split.metadata['total_size'] / 1e9:.2f} GB, {elapsed:.0f} s, "
+                     f"ETA {elapsed / written * max(0, split.metadata['total_size'] - written):.0f} s")
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -140,7 +153,22 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int) 
     config["dtype"] = DTYPES[dtype]
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (tmp / "README.md").write_text(model_card(checkpoint, dtype=dtype))
+    generation_ready(tmp)
+    (tmp / "README.md").write_text(str(model_card(checkpoint, dtype=dtype, license=license)))
+
+
+def generation_ready(folder: Path) -> None:
+    """Turn the KV cache back on in `folder`'s config.json and generation_config.json.
+
+    Why: training sets `use_cache: false` (the cache only costs memory there) and save_pretrained writes it into
+    both files, so `generate` and `pipeline` would recompute every past token at each new one."""
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        if path.is_file():
+            config = json.loads(path.read_text())
+            if config.get("use_cache") is False:
+                config["use_cache"] = True
+                path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:

@@ -1,4 +1,4 @@
-"""Push an exported model folder to the Hugging Face Hub, with a model card that says how it was trained.
+"""Push an exported model folder (with its model card, `hf_zero3.checkpoint.card`) to the Hugging Face Hub.
 
 Why: the stock `push_to_hub` uploads whatever the Trainer saved, which under ZeRO-3 without 16-bit gathering
 is an empty state dict. We push only an exported folder (`hf_zero3.checkpoint.export`) whose weights were checked, and
@@ -8,57 +8,16 @@ only its model files. The token is never ours to handle: huggingface_hub reads `
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_step, read_marker, verify_weights
+from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
 
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]
 """What a push uploads from the folder: model files and the card, never optimizer or RNG state."""
-
-
-def _final_loss(checkpoint: Path) -> tuple[float | None, int | None]:
-    try:
-        history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
-    except (OSError, ValueError, KeyError):
-        return None, None
-    logged = [r for r in history if "loss" in r]
-    return (logged[-1]["loss"], logged[-1]["step"]) if logged else (None, None)
-
-
-def model_card(checkpoint: str | os.PathLike, dtype: str) -> str:
-    """README.md for the export of `checkpoint`: recipe and version, hardware, loss, throughput, resolved configs.
-
-    Built from the checkpoint's completion marker (written by CheckpointGuardCallback) and trainer state.
-    """
-    checkpoint = Path(checkpoint)
-    marker = read_marker(checkpoint) or {}
-    recipe = marker.get("recipe") or {}
-    hardware = marker.get("hardware") or {}
-    speed = marker.get("throughput") or {}
-    loss, loss_step = _final_loss(checkpoint)
-    rows = {
-        "recipe": f"{recipe.get('name')} {recipe.get('version') or ''}".strip() if recipe else "custom",
-        "trained with": f"hf_zero3 {marker.get('hf_zero3_version', 'unknown')}, DeepSpeed ZeRO-3",
-        "hardware": f"{hardware.get('ranks', '?')} ranks, {hardware.get('device', 'unknown device')}",
-        "checkpoint": f"step {checkpoint_step(checkpoint)}, saved {marker.get('written_at', 'unknown')}",
-        "final training loss": f"{loss:.4f} (step {loss_step})" if loss is not None else "not logged",
-        "throughput": (f"{speed['samples_per_second']:.2f} samples/s, {speed['steps_per_second']:.3f} steps/s "
-                       f"(over {speed['measured_over_steps']} steps)") if speed else "not measured",
-        "weights": f"{dtype}, from the fp32 master weights (DeepSpeed zero_to_fp32)",
-    }
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
-    configs = ""
-    for title, key in (("DeepSpeed config (resolved)", "ds_config"), ("TrainingArguments", "training_args")):
-        if marker.get(key) is not None:
-            configs += (f"\n<details><summary>{title}</summary>\n\n```json\n"
-                        f"{json.dumps(marker[key], indent=2, sort_keys=True, default=str)}\n```\n</details>\n")
-    return ("---\nlibrary_name: transformers\ntags:\n- hf_zero3\n- deepspeed\n- zero3\n---\n\n"
-            f"# {checkpoint.parent.name} / {checkpoint.name}\n\nA causal LM trained with DeepSpeed ZeRO-3 and the "
-            "Hugging Face Trainer through hf_zero3; load it with "
-            "`AutoModelForCausalLM.from_pretrained`.\n\n| | |\n|---|---|\n" + table + "\n" + configs)
 
 
 def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
@@ -81,41 +40,67 @@ def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
     return repo_id
 
 
-def _push_error(e: Exception, repo_id: str) -> CheckpointError | None:
-    """A push failure as an error that names the fix, or None for one we cannot explain better."""
+def _kinds(e: BaseException) -> set[str]:
+    """The class names of `e` and its bases: the HTTP library (httpx or a fork) is matched by name, not imported."""
+    return {cls.__name__ for cls in type(e).__mro__}
+
+
+def _push_error(e: Exception, repo_id: str) -> CheckpointError:
+    """A push failure as a one-line error that names the fix (never the token: it is in no message we quote)."""
     import socket
 
     from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalTokenNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
 
     causes, cause = [], e
     while cause is not None and len(causes) < 10:  # the HTTP library's error wraps the socket's
         causes.append(cause)
         cause = cause.__cause__ or cause.__context__
     where = f"the Hub at {constants.ENDPOINT}"
+    org = repo_id.split("/")[0]
     status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else None
+    if isinstance(e, RepositoryNotFoundError):
+        return CheckpointError(f"{where} has no repo {repo_id} that this token can see (HTTP {status}): check the repo "
+                               f"id, and that HF_TOKEN (or `hf auth login`) is a token of {org} with write access")
     if isinstance(e, LocalTokenNotFoundError) or status == 401:
         return CheckpointError(f"{where} refused the request as unauthenticated (HTTP 401): set HF_TOKEN to a token "
                                "with write access, or run `hf auth login`")
     if status == 403:
         return CheckpointError(f"{where} refused to let this token write to {repo_id} (HTTP 403): use a token with "
-                               f"write access to {repo_id.split('/')[0]} (HF_TOKEN or `hf auth login`)")
+                               f"write access to {org} (HF_TOKEN or `hf auth login`), or push to a repo of your own")
     if isinstance(e, OfflineModeIsEnabled):
         return CheckpointError("HF_HUB_OFFLINE is set, so nothing can be pushed: unset it")
-    if any(isinstance(c, (ConnectionError, TimeoutError, socket.gaierror)) for c in causes):
-        return CheckpointError(f"cannot reach {where} ({causes[-1]}): check the network, and HF_ENDPOINT if you set "
-                               "it (unset, it is https://huggingface.co)")
+    if any(isinstance(c, (ConnectionRefusedError, socket.gaierror)) or _kinds(c) & {"ConnectError", "ConnectTimeout"}
+           for c in causes):
+        return CheckpointError(f"cannot reach {where} ({_one_line(causes[-1])}): check the network, and HF_ENDPOINT "
+                               "if you set it (unset, it is https://huggingface.co)")
+    if any(isinstance(c, (ConnectionError, TimeoutError)) or "TransportError" in _kinds(c) for c in causes):
+        return CheckpointError(f"the upload to {where} was interrupted ({_one_line(e)}: {_one_line(causes[-1])}); "
+                               f"nothing was committed to {repo_id}: run the same push again (files the Hub already "
+                               "holds are not sent again)")
     if status is not None:
-        return CheckpointError(f"{where} answered HTTP {status} for {repo_id}: {e}")
-    return None
+        return CheckpointError(f"{where} answered HTTP {status} for {repo_id}: {_one_line(e)}: run the push again; if "
+                               "it fails the same way, see https://status.huggingface.co")
+    return CheckpointError(f"pushing to {repo_id} at {where} failed: {type(e).__name__}: {_one_line(e)}: run the push "
+                           "again; set HF_DEBUG=1 to see each request")
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, revision: str | None = None,
-                commit_message: str | None = None) -> str:
+                commit_message: str | None = None, progress: Callable[[str], None] | None = None) -> str:
     """Upload the model files of an exported `folder` to `repo_id` (created if needed); returns the commit URL.
 
     Refuses a folder whose weights are missing or empty. `private` applies when the repo is created;
-    `revision` is a branch, created from main if needed.
+    `revision` is a branch, created from main if needed; `progress` gets a line before the upload starts.
     """
     from huggingface_hub import HfApi
 
@@ -129,6 +114,10 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
                               "`hf-zero3 export`")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"not pushing {folder}: no config.json, so from_pretrained could not load it")
+    if progress:
+        files = [p for p in folder.iterdir() if p.is_file() and any(fnmatch(p.name, pattern) for pattern in PUSHED)]
+        progress(f"push: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e9:.2f} GB to {repo_id} "
+                 "(huggingface_hub shows each upload)")
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
@@ -137,7 +126,5 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
                                  commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
     except Exception as e:
-        if (error := _push_error(e, repo_id)) is None:
-            raise
-        raise error from e
+        raise _push_error(e, repo_id) from e
     return info.commit_url

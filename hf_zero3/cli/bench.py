@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from hf_zero3.argtypes import positive_int
+from hf_zero3.argtypes import positive_float, positive_int
 
 
 def add_arguments(verbs) -> None:
@@ -35,6 +35,9 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
+    bench.add_argument("--peak-tflops", type=positive_float, metavar="TFLOPS",
+                       help="one GPU's dense bf16 TFLOP/s, for MFU (default: looked up by GPU name; an unknown GPU "
+                            "has no MFU without it)")
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")
     bench.add_argument("--suffix", default="",
                        help="appended to the report's file name: <label>_<hardware>_<date>_<suffix>")
@@ -74,7 +77,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"error: --only {args.only}: {sorted(only - {'ours', *others, *against})} not in this bench: name "
               f"ours, a --variant or a baseline given with --against", file=sys.stderr)
         return 2
-    extra = args.overrides
+    extra = [*args.overrides, *(["--peak_tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
     try:
         values = load_arguments([str(recipe / "train_args.yaml"), *extra])
         for folder in others.values():

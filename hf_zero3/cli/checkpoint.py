@@ -16,6 +16,8 @@ def add_arguments(verbs) -> None:
     export.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
     export.add_argument("--shard-size", type=parse_size, default="5GB",
                         help="max safetensors shard size, e.g. 5GB, 500MB (10^n bytes), 1GiB (2^30 bytes)")
+    export.add_argument("--license", help="the model card's license, e.g. apache-2.0 or llama3.1 (the base model's); "
+                                          "default: the run's hub_license, else other")
     export.set_defaults(func=main)
 
     reshard = verbs.add_parser("reshard", help="add a DeepSpeed universal copy, to resume on another world size")
@@ -38,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
         if args.verb == "export":
             from hf_zero3.checkpoint.export import export_checkpoint
 
-            out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size)
+            out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size,
+                                    license=args.license, progress=lambda line: print(line, file=sys.stderr, flush=True))
             print(f"exported {args.checkpoint} -> {out} ({args.dtype})")
         elif args.verb == "reshard":
             from hf_zero3.checkpoint.export import reshard_checkpoint
@@ -50,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
             from hf_zero3.checkpoint.hub import check_repo_id, push_folder
 
             check_repo_id(args.repo_id, "--repo-id")
-            url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision)
+            url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
             print(f"pushed {args.folder} to {args.repo_id}: {url}")
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
     out.add_argument("--write-config", metavar="PATH", type=output_file, help="write the chosen ds_config here")
+    out.add_argument("--plot", metavar="FILE", type=output_file,
+                     help="draw each option's memory as stacked bars of its terms against the GPU and host limits "
+                          "(a PNG; needs matplotlib)")
 
 
 def _shape(args: argparse.Namespace):
@@ -158,6 +161,16 @@ def main(args: argparse.Namespace) -> int:
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")
+    if args.plot:
+        from hf_zero3.plan.plot import plot_plan
+
+        title = (f"{shape.name}: {shape.params / 1e9:.2f}B parameters, sequence {seq_len}, {hardware.nodes} node(s) x "
+                 f"{hardware.gpus_per_node} GPUs")
+        if plot_plan(args.plot, rows(choice), title):
+            print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        else:
+            print(f"note: no plot written to {args.plot}: matplotlib is not installed (pip install matplotlib)",
+                  file=sys.stderr)
     if args.write_config and not choice.fits:
         print(f"error: nothing fits, so no ds_config was written to {args.write_config}", file=sys.stderr)
     return 0 if choice.fits else 1

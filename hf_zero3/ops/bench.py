@@ -255,40 +255,26 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
                                  f"{_fmt(x['gpu_peak_allocated_gb'], 2)} | {_fmt(x['gpu_peak_reserved_gb'], 2)} | "
                                  f"{_fmt(x['step_time_s'], 3)} |")
     lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
-              "embeddings) against the GPU's dense bf16 peak (`hf_zero3.callbacks.throughput.PEAK_TFLOPS`: 989 TFLOP/s for H100 SXM/H200).", "",
+              "embeddings) against the GPU's dense bf16 peak (`--peak-tflops`, else `hf_zero3.callbacks.throughput.PEAK_TFLOPS`: "
+              "989 TFLOP/s for H100 SXM/H200; no MFU for a GPU it does not list).", "",
               "## Resolved configurations", ""]
     for name, config in meta["configs"].items():
         lines += [f"### {name}", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
     return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, per_variant: dict[str, list[dict]]) -> bool:
-    """tokens/s per GPU and peak allocated memory per step, one line per variant; False without matplotlib."""
-    try:
-        import matplotlib
+def plot(path: Path, per_variant: dict[str, list[dict]], title: str = "", warmup: int = 0) -> bool:
+    """Loss, tokens/s per GPU and memory per step, one colour per variant (hf_zero3.ops.plots); False without
+    matplotlib."""
+    from hf_zero3.ops.plots import plot_runs
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for index, (name, records) in enumerate(per_variant.items()):
-        for repeat in sorted({r.get("repeat", 1) for r in records}):  # one colour per variant, a line per run
-            steps = [r for r in records if "loss" in r and r.get("repeat", 1) == repeat]
-            style = {"color": f"C{index}", "marker": "o", "label": name if repeat == 1 else None, "alpha": 0.8}
-            top.plot([r["step"] for r in steps], [r.get("tokens_per_s_per_gpu") for r in steps], **style)
-            key = "gpu_peak_allocated_gb" if any("gpu_peak_allocated_gb" in r for r in steps) else "host_rss_gb"
-            bottom.plot([r["step"] for r in steps], [r.get(key) for r in steps], **style)
-            bottom.set_ylabel(f"{key} (GiB)")
-    top.set_ylabel("tokens/s per GPU")
-    bottom.set_xlabel("step")
-    top.legend()
-    top.grid(alpha=0.3)
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return plot_runs(path, per_variant, title, warmup)
+
+
+def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
+    """'label: step 4/10, 12 s, ETA 18 s': the ETA from the mean time per step so far (start-up included)."""
+    eta = elapsed / done * (total - done) if done else float("nan")
+    return f"{label}: step {done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s"
 
 
 def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
@@ -297,7 +283,9 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
     from tqdm import tqdm
 
     start = time.time()
-    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
+    on_terminal = sys.stderr.isatty()
+    every, reported = max(1, total // 10), 0  # off a terminal (nohup, Slurm): a line per `every` steps instead
+    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not on_terminal) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
             if limit and time.time() - start > limit:
@@ -306,6 +294,9 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
                 return 124
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
+            if not on_terminal and done > reported and done >= min(total, reported + every):
+                reported = done
+                print(progress_line(label, done, total, time.time() - start), file=sys.stderr, flush=True)
     print(f"{label}: exit {proc.returncode} after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
     return proc.returncode
 
@@ -419,8 +410,9 @@ def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[st
             for record in records:
                 f.write(json.dumps({"variant": name, **record}) + "\n")
     text = render_report(meta, results)
-    if plot(report.with_suffix(".png"), per_variant):
-        text += f"\n![tokens/s and memory per step]({report.with_suffix('.png').name})\n"
+    title = f"{meta['title']}\n{meta['hardware']}"
+    if plot(report.with_suffix(".png"), per_variant, title=title, warmup=meta.get("warmup", 0)):
+        text += f"\n![loss, tokens/s and memory per step]({report.with_suffix('.png').name})\n"
     report.write_text(text)
 
 

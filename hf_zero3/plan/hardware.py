@@ -25,6 +25,13 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_name() -> str | None:
+    """This rank's GPU as torch names it (e.g. "NVIDIA H200"), None without CUDA."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def host_ram_bytes() -> int:
     """Physical RAM of this machine."""
     import psutil

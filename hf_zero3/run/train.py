@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import os
 import re
 import shutil
@@ -91,6 +90,12 @@ class TrainingArguments(transformers.TrainingArguments):
                                          "the checkpointed layer inputs). Also on when the ds_config says "
                                          "activation_checkpointing.cpu_checkpointing: true. "
                                          "See hf_zero3/run/activation_offload.py."})
+    peak_tflops: float | None = field(
+        default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
+                                        "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
+    hub_license: str | None = field(
+        default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
+                                        "llama3.1 (the base model's); default: other."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -575,6 +580,15 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
     path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
 
 
+def _plot_line(out: Path, model_args, training_args) -> str:
+    """train_log.png next to train_log.jsonl (loss, throughput, memory per step); the line that says where."""
+    from hf_zero3.ops.plots import plot_train_log
+    from hf_zero3.plan.hardware import gpu_name
+
+    model = Path(model_args.model_name_or_path or model_args.config_name or "model").name
+    return plot_train_log(out, f"{model} ({out.name}): {training_args.world_size} x {gpu_name() or 'CPU'}")
+
+
 def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
     values = load_arguments(argv)
@@ -611,7 +625,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
                                                  max_positions=model.config.max_position_embeddings)
     try:
-        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size), *extra_callbacks]
+        sources = {"base_model": model_args.model_name_or_path,
+                   "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
+        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size, sources=sources),
+                     *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
@@ -639,10 +656,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
+        if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
+            from hf_zero3.checkpoint.export import generation_ready
+
+            generation_ready(Path(training_args.output_dir))
     trainer.save_state()
     if eval_dataset is not None:
         eval_metrics = trainer.evaluate()
-        eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
@@ -662,6 +682,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         if newest:
             print(f"hf_zero3: last checkpoint: {newest}", flush=True)
         print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
+        print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
     return metrics

@@ -65,6 +65,9 @@ def test_bench_tiny_against_stock_writes_report_jsonl_and_png(tmp_path):
         assert all(r["tokens_per_s_per_gpu"] > 0 for r in steps)
     png = report.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[1/2] ours run 1: step")]
+    assert progress and progress[-1].startswith("[1/2] ours run 1: step 5/5, ") and " s, ETA " in progress[-1], \
+        proc.stdout[-3000:]  # off a terminal (its output goes to a file): lines with the ETA, not a bar
 
 
 def test_a_failed_variant_fails_the_bench_and_is_named(tmp_path):

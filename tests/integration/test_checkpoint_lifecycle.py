@@ -3,14 +3,11 @@ reshard, Hub push. Runs are shared between assertions (module fixtures) to keep 
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import secrets
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from tests.conftest import (
     run,
     weights,
 )
+from tests.hub_server import LocalHub
 
 pytestmark = pytest.mark.integration
 
@@ -38,69 +36,15 @@ TOKEN = "hf_" + secrets.token_hex(16)
 """A fake Hub token: must reach the Hub's Authorization header and nothing else."""
 
 
-class LocalHub:
-    """The part of the Hub HTTP API that `huggingface_hub` uses to create a repo, a branch and a commit."""
-
-    def __init__(self):
-        self.repos, self.branches, self.commits, self.auth = {}, [], [], set()
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                hub.auth.add(self.headers.get("Authorization"))
-                parts = self.path.split("?")[0].strip("/").split("/")
-                if parts[:2] == ["api", "repos"]:
-                    data = json.loads(body)
-                    repo = f"{data.get('organization')}/{data['name']}"
-                    hub.repos[repo] = data
-                    return self.reply({"url": f"{hub.url}/{repo}"})
-                if parts[:2] == ["api", "validate-yaml"]:
-                    return self.reply({"errors": [], "warnings": []})
-                repo, verb = "/".join(parts[2:4]), parts[4]
-                if verb == "branch":
-                    hub.branches.append((repo, parts[5]))
-                    return self.reply({})
-                if verb == "preupload":
-                    files = json.loads(body)["files"]
-                    modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
-                             for f in files]
-                    return self.reply({"files": modes})
-                if verb == "commit":
-                    lines = [json.loads(line) for line in body.splitlines() if line.strip()]
-                    files = {item["value"]["path"]: base64.b64decode(item["value"]["content"])
-                             for item in lines if item["key"] == "file"}
-                    hub.commits.append({"repo": repo, "revision": parts[5], "files": files,
-                                        "summary": lines[0]["value"]["summary"]})
-                    return self.reply({"commitUrl": f"{hub.url}/{repo}/commit/{len(hub.commits):040d}",
-                                       "commitOid": f"{len(hub.commits):040d}", "success": True})
-                self.send_error(404, f"LocalHub does not serve {self.path}")
-
-            def reply(self, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture(scope="module")
 def hub():
-    server = LocalHub()
+    server = LocalHub(token=TOKEN)  # weights through the LFS path, as on the Hub (tests/hub_server.py)
     yield server
-    server.server.shutdown()
+    server.close()
 
 
 def hub_env(hub: LocalHub) -> dict[str, str]:
-    return {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return hub.env(TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +81,14 @@ def test_callback_pushes_exported_weights_with_a_card_at_each_save(reference, hu
     assert created.get("private") is True or created.get("visibility") == "private", created
     assert set(pushes[-1]["files"]) == {"model.safetensors", "config.json", "generation_config.json",
                                         "tokenizer.json", "tokenizer_config.json", "README.md"}
+    assert pushes[-1]["lfs"] == ["model.safetensors"]  # the weights took the LFS upload, as on the Hub
     card = pushes[-1]["files"]["README.md"].decode()
     final_loss = losses_by_step(out)[STEPS]
-    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU", "samples/s", '"stage": 3',
-                 f"| final training loss | {final_loss:.4f} (step 8) |", '"per_device_train_batch_size": 8'):
+    for text in ("- Recipe: `tiny` v1", "- Hardware: 2 × CPU", "samples/s", "- distributed_type: DeepSpeed ZeRO-3",
+                 f"- Final training loss: {final_loss:.4f} (step 8)", "- train_batch_size: 8", "license: other",
+                 "- transformers "):
         assert text in card, text
+    assert str(out) not in card and "Infinity" not in card
     from safetensors.torch import load
 
     pushed = load(pushes[-1]["files"]["model.safetensors"])
@@ -316,7 +263,8 @@ def test_push_cli_uploads_an_exported_folder_to_a_private_branch(exported, hub):
     commit = [c for c in hub.commits if c["repo"] == "org/cli"][-1]
     assert commit["revision"] == "v1"
     assert set(commit["files"]) == {p.name for p in (root / "bf16").iterdir()}
-    assert "| recipe | tiny v1 |" in commit["files"]["README.md"].decode()
+    assert commit["lfs"] == sorted(p.name for p in (root / "bf16").glob("*.safetensors")) and len(commit["lfs"]) >= 3
+    assert "- Recipe: `tiny` v1" in commit["files"]["README.md"].decode()
 
 
 def test_reshard_two_ranks_then_resume_on_one(reference, tmp_path):

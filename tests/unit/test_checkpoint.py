@@ -320,20 +320,6 @@ def test_guard_marks_a_plain_trainer_checkpoint_and_rotates(tmp_path):
     assert not ckpt.is_complete(tmp_path / "checkpoint-3")
 
 
-def test_model_card_reports_recipe_hardware_loss_and_configs(tmp_path):
-    from hf_zero3.checkpoint.hub import model_card
-
-    folder = make_checkpoint(tmp_path, 10, marked=False, loss=2.5)
-    ckpt.write_marker(folder, {"recipe": {"name": "tiny", "version": "v1"}, "hf_zero3_version": "0.1.0",
-                               "hardware": {"ranks": 2, "device": "CPU x86_64"}, "ds_config": {"zero": 3},
-                               "throughput": {"samples_per_second": 14.3, "steps_per_second": 0.9,
-                                              "measured_over_steps": 10}})
-    card = model_card(folder, dtype="bf16")
-    for text in ("| recipe | tiny v1 |", "| hardware | 2 ranks, CPU x86_64 |",
-                 "| final training loss | 2.5000 (step 10) |", "14.30 samples/s", "hf_zero3 0.1.0", '"zero": 3'):
-        assert text in card, text
-
-
 def test_cli_registers_export_reshard_push_and_fails_clearly_on_an_incomplete_checkpoint(tmp_path, capsys):
     parser = build_parser()
     args = parser.parse_args(["export", "ck", "out", "--dtype", "fp32", "--shard-size", "1MB"])

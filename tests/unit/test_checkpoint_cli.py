@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from hf_zero3.checkpoint.lifecycle import is_complete, write_marker
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
 from tests.conftest import explain, run
+from tests.hub_server import LocalHub
 
 TOKEN = "hf_" + secrets.token_hex(16)
 
@@ -128,40 +127,80 @@ def exported(tmp_path) -> Path:
     return folder
 
 
-class Refusing(BaseHTTPRequestHandler):
-    """A Hub that answers 401 to everything, as huggingface.co does without a valid token."""
-
-    def log_message(self, *args):
-        pass
-
-    def _refuse(self):
-        body = b'{"error": "Invalid credentials in Authorization header"}'
-        self.send_response(401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = do_HEAD = _refuse
+@pytest.fixture
+def hub():
+    server = LocalHub(token=TOKEN)
+    yield server
+    server.close()
 
 
-def push(folder: Path, endpoint: str, tmp_path: Path):
-    return run(["python", "-m", "hf_zero3", "push", folder, "--repo-id", "org/name"], timeout=120,
-               HF_ENDPOINT=endpoint, HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "hf_home"),
-               HF_HUB_DISABLE_TELEMETRY="1")
+def push(folder: Path, hub_or_endpoint, tmp_path: Path, repo_id: str = "org/name", token: str = TOKEN):
+    env = hub_or_endpoint.env(token) if isinstance(hub_or_endpoint, LocalHub) else {
+        "HF_ENDPOINT": hub_or_endpoint, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return run(["python", "-m", "hf_zero3", "push", folder, "--repo-id", repo_id], timeout=180,
+               HF_HOME=str(tmp_path / "hf_home"), **env)
 
 
-def test_push_refused_by_the_hub_names_hf_token_and_login(exported, tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        proc = push(exported, f"http://127.0.0.1:{server.server_address[1]}", tmp_path)
-    finally:
-        server.shutdown()
+def one_line_error(proc) -> str:
+    """The push's failure as the user sees it: exit 2, no traceback, one `error:` line, no token anywhere."""
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, explain(proc)
-    assert f"error: the Hub at http://127.0.0.1:{server.server_address[1]} refused the request as unauthenticated " \
-           "(HTTP 401): set HF_TOKEN to a token with write access, or run `hf auth login`" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, explain(proc)
     assert TOKEN not in proc.stdout + proc.stderr
+    return errors[0]
+
+
+def test_push_sends_the_weights_through_lfs_as_the_hub_does(exported, hub, tmp_path):
+    proc = push(exported, hub, tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    (commit,) = hub.commits
+    assert commit["lfs"] == ["model.safetensors"] and hub.puts == 1  # PUT to the LFS URL, named by sha256
+    assert commit["files"]["model.safetensors"] == (exported / "model.safetensors").read_bytes()
+    assert commit["files"]["config.json"] == b"{}"
+    assert hub.auth == {f"Bearer {TOKEN}"} and TOKEN not in proc.stdout + proc.stderr
+    assert "push: 2 files, 0.00 GB to org/name (huggingface_hub shows each upload)" in proc.stderr
+
+
+def test_push_refused_by_the_hub_names_hf_token_and_login(exported, hub, tmp_path):
+    error = one_line_error(push(exported, hub, tmp_path, token="hf_" + secrets.token_hex(16)))
+    assert error == f"error: the Hub at {hub.url} refused the request as unauthenticated (HTTP 401): set HF_TOKEN to " \
+                    "a token with write access, or run `hf auth login`"
+
+
+def test_push_to_an_org_the_token_cannot_write_to_names_the_org_and_the_token(exported, tmp_path):
+    hub = LocalHub(token=TOKEN, forbidden=("org",))
+    try:
+        error = one_line_error(push(exported, hub, tmp_path))
+    finally:
+        hub.close()
+    assert error.startswith(f"error: the Hub at {hub.url} refused to let this token write to org/name (HTTP 403): use "
+                            "a token with write access to org (HF_TOKEN or `hf auth login`)"), error
+    assert hub.commits == [] and hub.puts == 0
+
+
+def test_push_to_a_repo_that_is_not_there_names_the_repo_id_and_the_token(exported, tmp_path):
+    hub = LocalHub(token=TOKEN, noop_create=True)  # created, then gone (deleted meanwhile) when the upload starts
+    try:
+        error = one_line_error(push(exported, hub, tmp_path))
+    finally:
+        hub.close()
+    assert error == f"error: the Hub at {hub.url} has no repo org/name that this token can see (HTTP 404): check the " \
+                    "repo id, and that HF_TOKEN (or `hf auth login`) is a token of org with write access"
+
+
+def test_an_interrupted_upload_says_nothing_was_committed_and_to_push_again(exported, tmp_path):
+    hub = LocalHub(token=TOKEN, interrupt_uploads=True)  # huggingface_hub retries the PUT 5 times (~25 s)
+    try:
+        error = one_line_error(push(exported, hub, tmp_path))
+        assert hub.puts >= 2 and hub.commits == []
+        hub.interrupt_uploads = False
+        again = push(exported, hub, tmp_path)
+    finally:
+        hub.close()
+    assert error.startswith(f"error: the upload to the Hub at {hub.url} was interrupted ("), error
+    assert error.endswith("nothing was committed to org/name: run the same push again (files the Hub already holds "
+                          "are not sent again)"), error
+    assert again.returncode == 0 and hub.commits[0]["lfs"] == ["model.safetensors"], explain(again)
 
 
 def test_push_to_an_unreachable_hub_names_hf_endpoint_and_the_network(exported, tmp_path):
@@ -169,6 +208,6 @@ def test_push_to_an_unreachable_hub_names_hf_endpoint_and_the_network(exported, 
         sock.bind(("127.0.0.1", 0))
         endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
         proc = push(exported, endpoint, tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, explain(proc)
-    assert f"error: cannot reach the Hub at {endpoint} (" in proc.stderr and "Connection refused" in proc.stderr
-    assert "check the network, and HF_ENDPOINT" in proc.stderr
+    error = one_line_error(proc)
+    assert error.startswith(f"error: cannot reach the Hub at {endpoint} (") and "Connection refused" in error, error
+    assert error.endswith("check the network, and HF_ENDPOINT if you set it (unset, it is https://huggingface.co)")

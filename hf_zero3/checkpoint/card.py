@@ -1,0 +1,156 @@
+"""The model card (README.md) of an export: Hub metadata, results, hyperparameters, hardware, versions.
+
+Why huggingface_hub's ModelCard / ModelCardData / EvalResult and not a string template: the Hub reads the YAML
+header (base_model links the fine-tune to its parent, datasets and model-index fill the model page), and these
+classes write the keys and the model-index layout it expects. Built from the checkpoint's completion marker
+(written by CheckpointGuardCallback) and its trainer_state.json; nothing from the machine that exports it, so no
+local path, and only finite numbers (the card's YAML is read as JSON by the Hub).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from hf_zero3.checkpoint.lifecycle import checkpoint_step, read_marker
+
+DEFAULT_LICENSE = "other"
+"""When no license was set (`hub_license`, `export --license`): the Hub's value for "see the card"."""
+
+HUB = "https://huggingface.co"
+
+
+def _history(checkpoint: Path) -> list[dict[str, Any]]:
+    try:
+        return json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _last(history: list[dict[str, Any]], key: str) -> tuple[float | None, int | None]:
+    """The newest finite value of `key` in the log history, and its step."""
+    rows = [r for r in history if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return (rows[-1][key], rows[-1].get("step")) if rows else (None, None)
+
+
+def hub_id(name: Any) -> str | None:
+    """`name` if it is a Hub repo id (ORG/NAME or NAME) and not a local folder, else None: what may go into
+    base_model and datasets (a local path must never reach the card)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not isinstance(name, str) or not name or os.path.isabs(name) or name.startswith(".") or os.path.exists(name):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
+def hyperparameters(training: dict[str, Any], world_size: int, ds_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The short list the Trainer's own card gives, from the recorded TrainingArguments (not all 100 of them)."""
+    from hf_zero3.run.facts import global_batch_of, precision_of
+
+    batch = SimpleNamespace(per_device_train_batch_size=training.get("per_device_train_batch_size", 1),
+                            gradient_accumulation_steps=training.get("gradient_accumulation_steps", 1),
+                            world_size=world_size)
+    rows: dict[str, Any] = {
+        "learning_rate": training.get("learning_rate"),
+        "train_batch_size": batch.per_device_train_batch_size,
+        "seed": training.get("seed"),
+        "distributed_type": "DeepSpeed ZeRO-3" if ds_config else "multi-process",
+        "num_devices": world_size,
+        "gradient_accumulation_steps": batch.gradient_accumulation_steps,
+        "total_train_batch_size": global_batch_of(batch),
+        "optimizer": training.get("optim"),
+        "lr_scheduler_type": training.get("lr_scheduler_type"),
+        "lr_scheduler_warmup_steps": training.get("warmup_steps") or None,
+        "training_steps": training.get("max_steps") if (training.get("max_steps") or 0) > 0 else None,
+        "num_epochs": training.get("num_train_epochs") if (training.get("max_steps") or 0) <= 0 else None,
+        "precision": precision_of(training.get("bf16"), training.get("fp16")),
+        "max_grad_norm": training.get("max_grad_norm"),
+    }
+    zero = (ds_config or {}).get("zero_optimization") or {}
+    for key, name in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
+        device = (zero.get(key) or {}).get("device")
+        if device and device != "none":
+            rows[name] = device
+    return {k: v for k, v in rows.items() if v is not None and not (isinstance(v, float) and not math.isfinite(v))}
+
+
+def _hardware(marker: dict[str, Any]) -> str:
+    hardware = marker.get("hardware") or {}
+    ranks = hardware.get("ranks") or marker.get("world_size")
+    device = hardware.get("device") or "unknown device"
+    return f"{ranks} × {device}" if ranks else device
+
+
+def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = None,
+               model_name: str | None = None):
+    """The `huggingface_hub.ModelCard` for the export of `checkpoint` (`str(card)` is the README.md)."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    from hf_zero3 import __version__
+    from hf_zero3.callbacks.perplexity import perplexity
+
+    checkpoint = Path(checkpoint)
+    marker = read_marker(checkpoint) or {}
+    training = marker.get("training_args") or {}
+    sources = marker.get("sources") or {}
+    recipe = marker.get("recipe") or {}
+    speed = marker.get("throughput") or {}
+    history = _history(checkpoint)
+    base_model = hub_id(sources.get("base_model"))
+    datasets = [d for d in map(hub_id, sources.get("datasets") or []) if d]
+    name = model_name or checkpoint.parent.name or "model"
+    loss, loss_step = _last(history, "loss")
+    eval_loss, eval_step = _last(history, "eval_loss")
+    results = []
+    if eval_loss is not None:
+        where = {"task_type": "text-generation", "task_name": "Causal Language Modeling",
+                 "dataset_type": datasets[0] if datasets else "text",
+                 "dataset_name": datasets[0] if datasets else "held-out validation text"}
+        results = [EvalResult(metric_type="loss", metric_name="Eval loss", metric_value=round(eval_loss, 4), **where),
+                   EvalResult(metric_type="perplexity", metric_name="Perplexity",
+                              metric_value=round(perplexity(eval_loss), 4), **where)]
+    data = ModelCardData(
+        base_model=base_model, datasets=datasets or None,
+        license=license or training.get("hub_license") or DEFAULT_LICENSE, library_name="transformers",
+        pipeline_tag="text-generation", model_name=name, eval_results=results or None,
+        tags=["hf_zero3", "deepspeed", "zero3", "generated_from_trainer"]
+        + ([f"recipe:{recipe['name']}"] if recipe.get("name") else []))
+
+    origin = (f"a fine-tuned version of [{base_model}]({HUB}/{base_model})" if base_model
+              else "fine-tuned from a local model" if sources.get("base_model") else "trained from scratch")
+    on = f" on {', '.join(f'[{d}]({HUB}/datasets/{d})' for d in datasets)}" if datasets else ""
+    intro = (f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer through hf_zero3. "
+             "Load it with `AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+    lines = [f"# {name}", "", intro, ""]
+    if eval_loss is not None:
+        lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
+                  f"- Loss: {eval_loss:.4f}", f"- Perplexity: {perplexity(eval_loss):.4f}", ""]
+    lines += ["## Training procedure", ""]
+    recipe_text = f"`{recipe['name']}` {recipe.get('version') or ''}".strip() if recipe.get("name") else "none (custom)"
+    lines += [f"- Recipe: {recipe_text}",
+              f"- Checkpoint: step {checkpoint_step(checkpoint)}, saved {marker.get('written_at', 'at an unknown time')}",
+              f"- Final training loss: {loss:.4f} (step {loss_step})" if loss is not None else
+              "- Final training loss: not logged",
+              f"- Weights: {dtype}, from the fp32 master weights (DeepSpeed zero_to_fp32)", ""]
+    lines += ["### Training hyperparameters", "", "The following hyperparameters were used during training:", ""]
+    world_size = int(marker.get("world_size") or (marker.get("hardware") or {}).get("ranks") or 1)
+    lines += [f"- {k}: {v}" for k, v in hyperparameters(training, world_size, marker.get("ds_config")).items()]
+    lines += ["", "### Hardware and throughput", "", f"- Hardware: {_hardware(marker)}"]
+    if speed:
+        lines.append(f"- Throughput: {speed['samples_per_second']:.2f} samples/s, {speed['steps_per_second']:.3f} "
+                     f"steps/s (measured over {speed['measured_over_steps']} steps)")
+    else:
+        lines.append("- Throughput: not measured")
+    lines += ["", "### Framework versions", "", f"- hf_zero3 {marker.get('hf_zero3_version') or __version__}"]
+    versions = marker.get("versions") or {}
+    lines += [f"- {k} {v}" for k, v in versions.items() if k != "hf_zero3"]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
