@@ -110,26 +110,31 @@ def nvme_skip_reason(nvme_path: str | None) -> str | None:
     return None
 
 
-def initial_weights(values: dict[str, Any], folder: Path, seed: int) -> tuple[str, str]:
+def initial_weights(values: dict[str, Any], work_dir: Path, seed: int) -> tuple[str, str]:
     """(model folder, sha256 of its weights) that every rung loads: pretrained weights as given, or, for a
-    from-scratch recipe, the model made once from its config with `seed` in fp32 and saved (reused if there)."""
+    from-scratch recipe, the model made once from its config with `seed` in fp32 and saved under `work_dir`, in a
+    folder named by the config and seed (so a later call with the same ones reuses it, and another never does)."""
     if values.get("model_name_or_path"):
         folder = Path(values["model_name_or_path"])
-    elif not (folder / "model.safetensors").exists() and not (folder / "model.safetensors.index.json").exists():
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, set_seed
+    else:
+        from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(values["config_name"])
         if values.get("config_overrides"):
             config.update_from_string(values["config_overrides"])
-        set_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(values.get("tokenizer_name") or values["config_name"]).save_pretrained(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+        key = hashlib.sha256(f"{config.to_json_string()}{seed}".encode()).hexdigest()[:12]
+        folder = work_dir / f"initial_model_{key}"
+        if not (folder / "model.safetensors").exists() and not (folder / "model.safetensors.index.json").exists():
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+            set_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            tmp = folder.with_name(folder.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(values.get("tokenizer_name") or values["config_name"]).save_pretrained(tmp)
+            tmp.rename(folder)
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.safetensors")):
         with path.open("rb") as f:
@@ -268,6 +273,9 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
                      f"{_fmt(dev and dev['tail_mean'], 6)} | {_fmt(s.get('eval_loss'), 4)} | "
                      f"{_fmt(s.get('eval_perplexity'), 3)} |")
     lines += ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed)."]
+    if len({s.get("init_sha256") for s in ran.values()}) > 1:
+        lines += ["**Warning: the rungs did not all start from the same initial weights (sha256 differs); their "
+                  "losses are not comparable step by step.**"]
     if "ddp_seed2" in ran and base:
         spread = deviation(records["ddp_seed2"], base)
         lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_fmt(spread['max'], 4)}, "
@@ -338,7 +346,7 @@ def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, st
     meta = {"label": label, "date": datetime.date.today().isoformat(), "hardware": long_hw, "hardware_short": short_hw,
             "versions": versions(), "steps": steps, "seed": seed, **meta}
     work_dir.mkdir(parents=True, exist_ok=True)
-    model_dir, init_sha = initial_weights(values, work_dir / "initial_model", seed)
+    model_dir, init_sha = initial_weights(values, work_dir, seed)
     failed: dict[str, str] = {}
     for rung in rungs:
         if not redo and (rungs_dir / f"{rung.name}.json").exists():
