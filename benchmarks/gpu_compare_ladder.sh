@@ -7,8 +7,8 @@
 # bf16, sequence 1024, micro batch 2 x 2 GPUs (4,096 tokens/step; 500 steps = 2.05M tokens, ~1.5 epochs),
 # lr 3e-4 cosine, warmup 50, clip 1.0, no weight decay, seed 42; held-out loss/perplexity on 64 blocks at the end.
 #
-# Run it in pieces of <= 9 minutes from the repository root (each call: `timeout` 535 s; a rung that runs past
-# RUN_TIMEOUT is stopped and reported as failed). Rungs already recorded are skipped, so the same command can be
+# Run it in pieces of <= 9 minutes from the repository root (each call: the ladder under `timeout` LIMIT=480 s,
+# ~1 min left for .whl/install.sh on a fresh machine; a rung past RUN_TIMEOUT=450 s is stopped and reported failed). Rungs already recorded are skipped, so the same command can be
 # repeated: on a warm machine they are kept in $HOME/hfz-compare; on a fresh one pass PREV=<an earlier $OUT>
 # (its rungs/ is copied in). The same seed gives the same initial weights on any machine (sha256 in each rung).
 #   RUNGS=ddp,ddp_seed2                     bash benchmarks/gpu_compare_ladder.sh   # ~6 min (first call +1 min: model init)
@@ -30,8 +30,9 @@ export TORCH_CUDA_ARCH_LIST=9.0
 OUT=${OUT:-outputs/gpu-compare}
 STEPS=${STEPS:-500}
 RUNGS=${RUNGS:-ddp,ddp_seed2}
-RUN_TIMEOUT=${RUN_TIMEOUT:-500}
-CORPUS=${CORPUS:-corpus}
+RUN_TIMEOUT=${RUN_TIMEOUT:-450}
+LIMIT=${LIMIT:-480}
+CORPUS=${CORPUS:-$( [ -d corpus ] || [ ! -d .gpuwork/corpus ] && echo corpus || echo .gpuwork/corpus)}
 STATE=${STATE:-$HOME/hfz-compare}
 LABEL=${LABEL:-seed_claims_2xH200_$(date -u +%F)}
 mkdir -p "$OUT/rungs" "$OUT/logs" "$STATE/out/rungs" "$STATE/work"
@@ -43,7 +44,8 @@ for f in train.jsonl validation.jsonl tokenizer/tokenizer.json manifest.json; do
 done
 cp "$CORPUS/manifest.json" "$OUT/corpus_manifest.json"
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU check of the plumbing: a 4-layer model, 20 steps
-  LAYERS=2 HIDDEN=128 FFN=352 HEADS=4 KV=2 SEQ=128 STEPS=${STEPS_SMOKE:-20} RUN_TIMEOUT=300 GPUS=2 PRECISION="--bf16 false"
+  LAYERS=2 HIDDEN=128 FFN=352 HEADS=4 KV=2 SEQ=128 STEPS=${STEPS_SMOKE:-20} GPUS=2 PRECISION="--bf16 false"
+  LABEL=smoke_cpu
 else
   LAYERS=22 HIDDEN=2048 FFN=5632 HEADS=32 KV=4 SEQ=1024 GPUS=${GPUS:-2} PRECISION="--bf16 true"
 fi
@@ -60,7 +62,7 @@ LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
 tokenizer.save_pretrained(folder)
 PY
 mkdir -p "$STATE/nvme"
-timeout 535 python3 -m hf_zero3 compare tiny --rungs "$RUNGS" --steps "$STEPS" --warmup 10 --gpus "$GPUS" \
+timeout "$LIMIT" python3 -m hf_zero3 compare tiny --rungs "$RUNGS" --steps "$STEPS" --warmup 10 --gpus "$GPUS" \
   --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
   --config_name "$model" --tokenizer_name "$model" --train_file "$CORPUS/train.jsonl" \
   --validation_file "$CORPUS/validation.jsonl" --block_size $SEQ --per_device_train_batch_size 2 \

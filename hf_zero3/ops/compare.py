@@ -305,8 +305,10 @@ def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 8))
     for index, name in enumerate(ran):
         steps = [r for r in records[name] if "loss" in r]
-        top.plot([r["step"] for r in steps], [r["loss"] for r in steps], color=f"C{index}", label=name,
-                 alpha=0.7, linewidth=1)
+        reference = name == REFERENCE  # drawn on top, dashed: rungs that match it would hide it otherwise
+        top.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="black" if reference else f"C{index}",
+                 label=name, alpha=0.9 if reference else 0.7, linewidth=1.5 if reference else 1,
+                 linestyle="--" if reference else "-", zorder=3 if reference else 2)
     top.set_xlabel("step")
     top.set_ylabel("training loss")
     top.legend(fontsize=8)
