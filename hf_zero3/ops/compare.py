@@ -276,6 +276,12 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
     if len({s.get("init_sha256") for s in ran.values()}) > 1:
         lines += ["**Warning: the rungs did not all start from the same initial weights (sha256 differs); their "
                   "losses are not comparable step by step.**"]
+    given = first.get("overrides") or []
+    if "--bf16=true" in given or any(a == "--bf16" and b == "true" for a, b in zip(given, given[1:])):
+        lines += ["Precision: DDP is the Trainer's bf16 autocast over fp32 weights, gradients and Adam states; the ZeRO "
+                  "rungs run DeepSpeed's bf16 (bf16 weights and gradients, fp32 master weights and Adam states in the "
+                  "optimizer). Part of every ZeRO rung's memory saving is that difference, not the partitioning; "
+                  "and the two round differently, hence the ddp_seed2 spread as the yardstick."]
     if "ddp_seed2" in ran and base:
         spread = deviation(records["ddp_seed2"], base)
         lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_fmt(spread['max'], 4)}, "

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from hf_zero3.ops.compare import DEFAULT_RUNGS, RUNGS, deviation, ds_config_of, ladder, nvme_skip_reason, rung_overrides
+from hf_zero3.ops.compare import (
+    DEFAULT_RUNGS,
+    RUNGS,
+    deviation,
+    ds_config_of,
+    ladder,
+    nvme_skip_reason,
+    rung_overrides,
+)
 
 
 def test_each_rung_builds_the_config_it_is_named_after():
@@ -54,3 +62,22 @@ def test_deviation_from_the_reference():
 
 def test_nvme_rung_needs_a_path():
     assert "--nvme-path" in nvme_skip_reason(None)
+
+
+def test_report_gives_memory_and_speed_against_ddp_and_names_skips():
+    from hf_zero3.ops.compare import render_report
+
+    meta = {"label": "x", "overrides": ["--bf16", "true"], "init_sha256": "a" * 64}
+    summaries = {
+        "ddp": {**meta, "gpu_peak_allocated_gb": 40.0, "gpu_peak_reserved_gb": 44.0, "tokens_per_s_per_gpu": 1000.0},
+        "zero3": {**meta, "gpu_peak_allocated_gb": 12.0, "gpu_peak_reserved_gb": 14.0, "tokens_per_s_per_gpu": 800.0},
+        "zero3_ckpt_nvme": {**meta, "skipped": "no libaio"},
+    }
+    records = {"ddp": [{"step": 1, "loss": 5.0}], "zero3": [{"step": 1, "loss": 5.25}], "zero3_ckpt_nvme": []}
+    text = render_report(summaries, records)
+    row = next(line for line in text.splitlines() if line.startswith("| zero3 |"))
+    assert "-70%" in row and "0.80x" in row and "0.250000" in row
+    assert "| zero3_ckpt_nvme | skipped: no libaio |" in text
+    assert "Precision: DDP is the Trainer's bf16 autocast" in text and "Warning" not in text
+    summaries["zero3"]["init_sha256"] = "b" * 64
+    assert "did not all start from the same initial weights" in render_report(summaries, records)
