@@ -234,6 +234,10 @@ def _fmt(value, digits=2, suffix=""):
     return "—" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _sci(value):
+    return "—" if value is None else f"{value:.1e}"
+
+
 def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) -> str:
     """The Markdown report: memory and throughput against DDP, loss deviation against DDP and its seed spread."""
     ran = {n: s for n, s in summaries.items() if "skipped" not in s}
@@ -269,8 +273,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
         dev = deviation(records[name], base) if name != REFERENCE and base else None
         lines.append(f"| {name} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
                      f"{_fmt(s.get('host_rss_gb'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
-                     f"{_fmt(dev and dev['max'], 6)} | {_fmt(dev and dev['final'], 6)} | "
-                     f"{_fmt(dev and dev['tail_mean'], 6)} | {_fmt(s.get('eval_loss'), 4)} | "
+                     f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
+                     f"{_sci(dev and dev['tail_mean'])} | {_fmt(s.get('eval_loss'), 4)} | "
                      f"{_fmt(s.get('eval_perplexity'), 3)} |")
     lines += ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed)."]
     if len({s.get("init_sha256") for s in ran.values()}) > 1:
@@ -284,8 +288,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
                   "and the two round differently, hence the ddp_seed2 spread as the yardstick."]
     if "ddp_seed2" in ran and base:
         spread = deviation(records["ddp_seed2"], base)
-        lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_fmt(spread['max'], 4)}, "
-                  f"final {_fmt(spread['final'], 4)}, last-10% mean {_fmt(spread['tail_mean'], 4)}. A ZeRO rung "
+        lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_sci(spread['max'])}, "
+                  f"final {_sci(spread['final'])}, last-10% mean {_sci(spread['tail_mean'])}. A ZeRO rung "
                   "within this spread converges like DDP as far as this run can tell."]
     lines += ["", f"![loss curves and memory per rung]({first.get('label', 'compare')}.png)", "",
               "## Commands and resolved ds_configs", ""]
