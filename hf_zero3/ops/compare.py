@@ -301,7 +301,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
 
 
 def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]]) -> bool:
-    """Loss curves overlaid (top) and peak memory per rung (bottom); False without matplotlib."""
+    """Loss curves overlaid (top), each rung's loss minus DDP's (middle), peak memory per rung (bottom); False
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -312,20 +313,37 @@ def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]])
     ran = [n for n, s in summaries.items() if "skipped" not in s and "error" not in s]
     on_gpu = any(summaries[n].get("gpu_peak_allocated_gb") for n in ran)
     key = "gpu_peak_allocated_gb" if on_gpu else "host_rss_gb"
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 8))
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 11))
+    base = {r["step"]: r["loss"] for r in records.get(REFERENCE, []) if "loss" in r}
     for index, name in enumerate(ran):
         steps = [r for r in records[name] if "loss" in r]
         reference = name == REFERENCE  # drawn on top, dashed: rungs that match it would hide it otherwise
         top.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="black" if reference else f"C{index}",
                  label=name, alpha=0.9 if reference else 0.7, linewidth=1.5 if reference else 1,
                  linestyle="--" if reference else "-", zorder=3 if reference else 2)
+        if base and name != REFERENCE:  # each rung's loss minus DDP's at the same step
+            common = [r for r in steps if r["step"] in base]
+            middle.plot([r["step"] for r in common], [r["loss"] - base[r["step"]] for r in common],
+                        color=f"C{index}", label=name, alpha=0.7, linewidth=1)
     top.set_xlabel("step")
+    middle.axhline(0, color="black", linestyle="--", linewidth=1)
+    middle.set_xlabel("step")
+    middle.set_ylabel(f"loss - {REFERENCE} loss")
+    middle.grid(alpha=0.3)
     top.set_ylabel("training loss")
     top.legend(fontsize=8)
     top.grid(alpha=0.3)
-    bottom.bar(range(len(ran)), [summaries[n].get(key) or 0 for n in ran], color=[f"C{i}" for i in range(len(ran))])
+    colors = ["black" if n == REFERENCE else f"C{i}" for i, n in enumerate(ran)]
+    if on_gpu:  # allocated (solid) and reserved (hatched) side by side
+        bottom.bar([i - 0.2 for i in range(len(ran))], [summaries[n].get(key) or 0 for n in ran], 0.4, color=colors,
+                   label="peak allocated")
+        bottom.bar([i + 0.2 for i in range(len(ran))], [summaries[n].get("gpu_peak_reserved_gb") or 0 for n in ran],
+                   0.4, color=colors, alpha=0.4, hatch="//", label="peak reserved")
+        bottom.legend(fontsize=8)
+    else:
+        bottom.bar(range(len(ran)), [summaries[n].get(key) or 0 for n in ran], color=colors)
     bottom.set_xticks(range(len(ran)), ran, rotation=20, fontsize=8)
-    bottom.set_ylabel("peak GPU allocated (GiB)" if on_gpu else "peak host RSS per rank (GiB; CPU run, not VRAM)")
+    bottom.set_ylabel("peak GPU memory per rank (GiB)" if on_gpu else "peak host RSS per rank (GiB; CPU run, not VRAM)")
     bottom.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
