@@ -23,7 +23,7 @@
 # ~0.7-1.0 s (+ parameter offload: 2.2 GB of bf16 weights over PCIe 3x per step). Whole ladder: ~35-40 GPU-minutes.
 # STEPS=100 gives a quick look (~15 min for all) that does not meet the issue's >= 500 steps.
 # Then, anywhere (CPU too): python -m hf_zero3 compare tiny --report-only --out <dir with rungs/> --label <label>
-# CPU smoke test of this script: SMOKE=1 OUT=/tmp/o bash benchmarks/gpu_compare_ladder.sh (4-layer, 20 steps, no GPU).
+# CPU smoke test of this script: SMOKE=1 OUT=/tmp/o bash benchmarks/gpu_compare_ladder.sh (2-layer, hidden 128, 20 steps, no GPU; checked here: ddp, ddp_seed2, zero1, offload_opt, NVMe skip, and the resume of recorded rungs).
 set -uo pipefail
 [ -f .whl/install.sh ] && { source .whl/install.sh || exit 1; }
 export TORCH_CUDA_ARCH_LIST=9.0
@@ -43,7 +43,7 @@ for f in train.jsonl validation.jsonl tokenizer/tokenizer.json manifest.json; do
   [ -f "$CORPUS/$f" ] || { echo "error: $CORPUS/$f missing: run scripts/prepare_python_docs_corpus.py (see its docstring) and carry its output folder as $CORPUS" >&2; exit 2; }
 done
 cp "$CORPUS/manifest.json" "$OUT/corpus_manifest.json"
-if [ "${SMOKE:-0}" = 1 ]; then  # CPU check of the plumbing: a 4-layer model, 20 steps
+if [ "${SMOKE:-0}" = 1 ]; then  # CPU check of the plumbing: a 2-layer model, 20 steps
   LAYERS=2 HIDDEN=128 FFN=352 HEADS=4 KV=2 SEQ=128 STEPS=${STEPS_SMOKE:-20} GPUS=2 PRECISION="--bf16 false"
   LABEL=smoke_cpu
 else
