@@ -11,10 +11,12 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     from hf_zero3.cli import bench as bench_cli
+    from hf_zero3.cli import compare as compare_cli
     from hf_zero3.cli import config as config_cli
 
     config_cli.add_arguments(verbs)  # config new, config check, configs
     bench_cli.add_arguments(verbs)
+    compare_cli.add_arguments(verbs)
 
     from hf_zero3.cli import doctor as doctor_cli
 

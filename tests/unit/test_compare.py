@@ -1,0 +1,83 @@
+"""`hf-zero3 compare`'s ladder and arithmetic: each rung is the configuration it is named after."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_zero3.ops.compare import (
+    DEFAULT_RUNGS,
+    RUNGS,
+    deviation,
+    ds_config_of,
+    ladder,
+    nvme_skip_reason,
+    rung_overrides,
+)
+
+
+def test_each_rung_builds_the_config_it_is_named_after():
+    rungs = {r.name: r for r in ladder(list(RUNGS), on_gpu=True, nvme_path="/nvme")}
+    assert list(rungs) == list(RUNGS) and "ddp_seed2" not in DEFAULT_RUNGS
+    assert rungs["ddp"].spec is None and ds_config_of(rungs["ddp"], on_gpu=True) is None
+    stages = {n: ds_config_of(r, on_gpu=True)["zero_optimization"]["stage"] for n, r in rungs.items() if r.spec}
+    assert stages == {"zero1": 1, "zero2": 2, "zero3": 3, "zero3_ckpt": 3, "zero3_ckpt_offload_opt": 3,
+                      "zero3_ckpt_offload_all": 3, "zero3_ckpt_nvme": 3}
+    zero = {n: ds_config_of(r, on_gpu=True)["zero_optimization"] for n, r in rungs.items() if r.spec}
+    assert "offload_optimizer" not in zero["zero3_ckpt"] and "offload_param" not in zero["zero3_ckpt"]
+    assert zero["zero3_ckpt_offload_opt"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in zero["zero3_ckpt_offload_opt"]
+    assert zero["zero3_ckpt_offload_all"]["offload_param"]["device"] == "cpu"
+    assert zero["zero3_ckpt_nvme"]["offload_param"]["nvme_path"] == "/nvme"
+    assert zero["zero3_ckpt_nvme"]["offload_optimizer"]["nvme_path"] == "/nvme"
+
+
+def test_overrides_set_checkpointing_and_deepspeed_whatever_the_recipe_says():
+    rungs = {r.name: r for r in ladder(list(RUNGS), on_gpu=False, nvme_path=None)}
+    assert rung_overrides(rungs["ddp"], 42) == ["--gradient_checkpointing", "false", "--deepspeed", "null"]
+    assert rung_overrides(rungs["ddp_seed2"], 42)[-2:] == ["--data_seed", "43"]
+    assert rung_overrides(rungs["zero3"], 42) == ["--gradient_checkpointing", "false"]
+    ckpt = rung_overrides(rungs["zero3_ckpt_offload_all"], 42)
+    assert ckpt[:2] == ["--gradient_checkpointing", "true"] and json.loads(ckpt[3]) == {"use_reentrant": False}
+    # on CPU the offloaded optimizer is torch's AdamW in host buffers that are not pinned
+    config = ds_config_of(rungs["zero3_ckpt_offload_opt"], on_gpu=False)
+    assert config["optimizer"]["params"]["torch_adam"] is True
+    assert config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+
+
+def test_unknown_rung_is_named():
+    with pytest.raises(ValueError, match="unknown rung.*zero4.*choose from ddp"):
+        ladder(["ddp", "zero4"], on_gpu=False, nvme_path=None)
+
+
+def test_deviation_from_the_reference():
+    ref = [{"step": s, "loss": 5.0 - s} for s in range(1, 11)] + [{"step": 10, "eval_loss": 4.0}]
+    ours = [{"step": s, "loss": 5.0 - s + (0.5 if s == 3 else 0.01)} for s in range(1, 11)]
+    d = deviation(ours, ref)
+    assert d["max"] == pytest.approx(0.5) and d["final"] == pytest.approx(0.01) and d["steps"] == 10
+    assert d["tail_mean"] == pytest.approx(0.01)
+    assert deviation(ours, []) is None
+
+
+def test_nvme_rung_needs_a_path():
+    assert "--nvme-path" in nvme_skip_reason(None)
+
+
+def test_report_gives_memory_and_speed_against_ddp_and_names_skips():
+    from hf_zero3.ops.compare import render_report
+
+    meta = {"label": "x", "overrides": ["--bf16", "true"], "init_sha256": "a" * 64}
+    summaries = {
+        "ddp": {**meta, "gpu_peak_allocated_gb": 40.0, "gpu_peak_reserved_gb": 44.0, "tokens_per_s_per_gpu": 1000.0},
+        "zero3": {**meta, "gpu_peak_allocated_gb": 12.0, "gpu_peak_reserved_gb": 14.0, "tokens_per_s_per_gpu": 800.0},
+        "zero3_ckpt_nvme": {**meta, "skipped": "no libaio"},
+    }
+    records = {"ddp": [{"step": 1, "loss": 5.0}], "zero3": [{"step": 1, "loss": 5.25}], "zero3_ckpt_nvme": []}
+    text = render_report(summaries, records)
+    row = next(line for line in text.splitlines() if line.startswith("| zero3 |"))
+    assert "-70%" in row and "0.80x" in row and "2.5e-01" in row
+    assert "| zero3_ckpt_nvme | skipped: no libaio |" in text
+    assert "Precision: DDP is the Trainer's bf16 autocast" in text and "Warning" not in text
+    summaries["zero3"]["init_sha256"] = "b" * 64
+    assert "did not all start from the same initial weights" in render_report(summaries, records)
