@@ -18,13 +18,13 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.memory_probe import HostSampler  # noqa: E402  (node host RAM: MemTotal - MemAvailable)
 from hf_zero3.argtypes import parse_size  # noqa: E402
 from hf_zero3.config.build import build_ds_config, training_args_overrides  # noqa: E402
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
@@ -35,32 +35,6 @@ from hf_zero3.recipes import get as get_recipe  # noqa: E402
 from hf_zero3.run.train import load_arguments  # noqa: E402
 
 GiB = 1024**3
-
-
-def meminfo_used() -> int:
-    fields = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        name, value = line.split(":", 1)
-        fields[name] = int(value.split()[0]) * 1024
-    return fields["MemTotal"] - fields["MemAvailable"]
-
-
-class HostPeak(threading.Thread):
-    """Peak host RAM in use on this node while the bench runs, minus the value before it started."""
-
-    def __init__(self, interval: float = 0.25):
-        super().__init__(daemon=True)
-        self.interval, self.baseline = interval, meminfo_used()
-        self.peak, self.stopped = self.baseline, threading.Event()
-
-    def run(self):
-        while not self.stopped.wait(self.interval):
-            self.peak = max(self.peak, meminfo_used())
-
-    def stop(self) -> int:
-        self.stopped.set()
-        self.join()
-        return self.peak - self.baseline
 
 
 def write_model_config(shape, folder: Path) -> None:
@@ -160,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--run-timeout", str(args.run_timeout)]
     cmd += ["--", *extra]
     print("$", " ".join(cmd), flush=True)
-    sampler = HostPeak()
+    sampler = HostSampler(interval=0.25)
     sampler.start()
     started = time.time()
     code = subprocess.call(cmd, cwd=ROOT)
-    host_peak = sampler.stop()
+    host_peak = int(sampler.result()["peak_minus_baseline_gib"] * GiB)
     reports = sorted(args.out.glob(f"{name}_*_proof.jsonl"))
     records = [json.loads(line) for line in reports[-1].read_text().splitlines()] if reports else []
     ours = [r for r in records if r.get("variant") == "ours" and "loss" in r]
