@@ -44,7 +44,9 @@ its incoming gradient and the fp32 gradient of the logits (transformers upcasts 
 
 OFFLOAD_IN_FLIGHT_LAYERS = 3
 """Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
-the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors."""
+the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
+Measured on 2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md): ~4 at the peak by the per-token
+slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
