@@ -1,7 +1,9 @@
-"""The tables of gpu_activation_offload.sh's results: `python benchmarks/activation_offload_report.py OUT/8b`.
+"""The tables of gpu_activation_offload.sh's results: `python benchmarks/activation_offload_report.py OUT/8b [8b]`.
 
 Reads <mode>_rank<R>.jsonl (activation_offload_bench.py) and prints, per sequence length, checkpointing only and
 checkpointing + offload side by side (memory: the larger rank; speed: rank 0), then the longest sequence each fit.
+With a model name (`hf_zero3.plan.shapes.load_shape`), also the planner's figures beside the measured ones, for the
+bench's setup: recipe 8b's ZeRO-3 config, bf16, micro batch 1, checkpointing, Liger as the run had it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 MODES = ("checkpointing", "offload")
+GiB = 1024**3
 
 
 def load(folder: Path) -> list[dict]:
@@ -70,5 +73,41 @@ def render(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def planner_table(folder: Path, model: str) -> str:
+    """Per measured (seq, mode), rank 0: the planner's peak allocated, bytes moved and pinned host per GPU."""
+    from hf_zero3.config.presets import RECIPE_CONFIGS
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.memory import Hardware, Training, plan
+    from hf_zero3.plan.shapes import load_shape
+
+    records = [r for r in load(folder) if r["rank"] == 0]
+    ready = next(r for r in records if r.get("event") == "ready")
+    world, liger, shape = ready["world"], ready["liger"], load_shape(model)
+    hardware = Hardware(nodes=1, gpus_per_node=world, gpu_mem=141 * 10**9, host_ram=None)
+    base = {**RECIPE_CONFIGS["8b"].model_dump(exclude_unset=True), "precision": "bf16", "activation_checkpointing": True}
+
+    def planned(seq: int, offload: bool) -> dict[str, float]:
+        p = plan(shape, hardware, Training(seq, liger=liger), ZeroSpec(**base, activation_offload=offload))
+        terms = {(t.where, t.name): t.bytes / GiB for t in p.terms}
+        return {"peak": p.gpu_allocated_bytes / GiB, "pinned": terms.get(("host", "activations offloaded (pinned)"), 0) / world,
+                "inputs": next(v for (w, n), v in terms.items() if w == "gpu" and n.startswith("activations: checkpointed"))}
+
+    lines = [("| seq | mode | peak allocated: planned / measured (GiB) | error | moved to host: planned / measured (GiB) | "
+              "pinned host: planned / measured (GiB) |"), "|" + "---|" * 6]
+    for r in sorted((r for r in records if r.get("event") in ("measure", "fits")), key=lambda r: (r["seq"], r["mode"])):
+        if r.get("event") == "fits" and any(m.get("event") == "measure" and m["seq"] == r["seq"] and m["mode"] == r["mode"]
+                                            for m in records):
+            continue
+        offload = r["mode"] == "offload"
+        p, moved = planned(r["seq"], offload), planned(r["seq"], False)["inputs"] if offload else 0.0
+        lines.append(f"| {r['seq']} | {r['mode']}{'' if r['event'] == 'measure' else ' (search, 1 step)'} | "
+                     f"{p['peak']:.2f} / {r['peak_allocated_gib']:.2f} | {p['peak'] / r['peak_allocated_gib'] - 1:+.1%} | "
+                     f"{moved:.3f} / {r['offloaded_gib']:.3f} | {p['pinned']:.2f} / {r['pinned_host_gib']:.2f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(render(Path(sys.argv[1])))
+    if len(sys.argv) > 2:
+        print("\nPlanner (hf_zero3.plan.memory) beside the measurement, rank 0:\n")
+        print(planner_table(Path(sys.argv[1]), sys.argv[2]))

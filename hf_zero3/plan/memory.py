@@ -45,7 +45,9 @@ its incoming gradient and the fp32 gradient of the logits (transformers upcasts 
 
 OFFLOAD_IN_FLIGHT_LAYERS = 3
 """Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
-the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors."""
+the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
+Measured on 2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md): ~4 at the peak by the per-token
+slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
@@ -318,11 +320,20 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     return norms + attn + mlp
 
 
-def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_accum: int, gpus: int) -> str:
-    """Activation offload's host term (pinned, per node) and its PCIe time, as a note."""
+def pinned_block_bytes(nbytes: int) -> int:
+    """Pinned host bytes that one tensor of `nbytes` takes: torch's pinned-memory cache (CachingHostAllocator)
+    rounds every allocation up to a power of two (measured: 33 saved tensors of 192 MiB took 8.25 GiB pinned,
+    benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md)."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
+def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_accum: int, gpus: int,
+                         pinned: int | None = None, pinned_text: str = "") -> str:
+    """Activation offload's host term (pinned, per node) and its PCIe time, as a note. `pinned`: the pinned
+    host bytes per GPU when they differ from the bytes moved (blocks rounded up to powers of two)."""
     moved = tokens * per_token
-    terms.append(Term("activations offloaded (pinned)", "host", moved * gpus,
-                      f"({tokens} tokens x {per_token} B) x {gpus} GPUs/node", "activation"))
+    terms.append(Term("activations offloaded (pinned)", "host", (moved if pinned is None else pinned) * gpus,
+                      f"({pinned_text or f'{tokens} tokens x {per_token} B'}) x {gpus} GPUs/node", "activation"))
     ms = 1000 * moved / PCIE_BYTES_PER_S
     return (f"activation offload moves {gb(moved)} per GPU per micro batch each way over PCIe: {ms:,.0f} ms out in "
             f"forward and {ms:,.0f} ms back in backward at {PCIE_BYTES_PER_S / GB:.0f} GB/s (x {grad_accum} micro "
@@ -472,8 +483,14 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
     if spec.activation_offload:
+        pinned, pinned_text = None, ""
+        if spec.activation_checkpointing:  # L + 1 tensors of t x b x H (layer inputs, final norm input) + the rest
+            block, rest = pinned_block_bytes(t * b * H), pinned_block_bytes(t * (final_norm - b * H))
+            pinned = (L + 1) * block + rest
+            pinned_text = (f"{L + 1} x {t * b * H} B layer inputs in {block} B pinned blocks + final norm's "
+                           f"{t * (final_norm - b * H)} B in {rest} B: powers of two")
         notes.append(_offload_activations(terms, t, L * (b * H if spec.activation_checkpointing else per_layer)
-                                          + final_norm, training.grad_accum, g))
+                                          + final_norm, training.grad_accum, g, pinned, pinned_text))
     if training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
         chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(shape.vocab / H)) - 1).bit_length())
         add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + b * shape.vocab * H + b * chunk * shape.vocab,

@@ -52,3 +52,15 @@ def test_memory_probe_replays_the_allocator_trace_to_its_peak():
     report = probe.breakdown({"device_traces": [trace]}, 0, 1000)
     assert {x["site"]: x["tensors"] for x in report["live_at_peak"]} == {
         "deepspeed/runtime/zero/stage3.py:9 step": 2, "backward (autograd engine)": 1}
+
+
+def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
+    """The committed issue-16 run: bytes moved and pinned host as planned, peak allocated within +10% (over)."""
+    report = _load("activation_offload_report")
+    folder = ROOT / "benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30/8b"
+    assert "| 4096 | offload | 3,668 | 1.117 | 2.67 |" in report.render(folder)
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:7]]
+            for line in report.planner_table(folder, "8b").splitlines()[2:]}
+    assert rows[("24576", "offload (search, 1 step)")][2:] == ["6.188 / 6.188", "8.25 / 8.25"]
+    assert rows[("16384", "offload")][2] == "4.125 / 4.125"
+    assert all(0 <= float(error.rstrip("%")) <= 10 for _, error, *_ in rows.values())

@@ -152,6 +152,18 @@ def test_a_nearly_full_gpu_gets_the_measured_near_full_fragmentation_not_the_roo
     assert not choice.plan.tight and choice.plan.spec.activation_checkpointing
 
 
+def test_activation_offload_pins_power_of_two_blocks_as_measured():
+    """2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md), 8B, Liger, checkpointing + offload:
+    33 saved tensors (32 layer inputs + the final norm's) moved 6.19 GiB per rank at 24,576 tokens and held 8.25 GiB
+    pinned (192 MiB tensors in 256 MiB blocks); at 16,384 and 32,768 tokens (powers of two) pinned = moved."""
+    GiB = 1024**3
+    spec = ZeroSpec(stage=3, precision="bf16", activation_checkpointing=True, activation_offload=True)
+    pinned = {seq: _terms(plan(load_shape("8b"), _gpus(per_node=2, mem=141 * GB), Training(seq, liger=True), spec),
+                          "host")["activations offloaded (pinned)"] / 2 / GiB for seq in (16384, 24576, 32768, 40960)}
+    assert pinned == pytest.approx({16384: 4.125, 24576: 8.25, 32768: 8.25, 40960: 16.5}, abs=0.001)  # measured
+    assert planner.pinned_block_bytes(192 << 20) == 256 << 20 and planner.pinned_block_bytes(256 << 20) == 256 << 20
+
+
 def test_offload_moves_states_to_host_and_nvme():
     opt = plan(S70, _gpus(), Training(4096), STANDALONE_CONFIGS["zero3_offload_optimizer"])
     assert "fp32 master weights + Adam m, v" not in _terms(opt)
