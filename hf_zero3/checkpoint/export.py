@@ -67,6 +67,33 @@ def shard_bytes(size: str | int) -> int:
     return value
 
 
+def claim_staging(tmp: Path) -> None:
+    """Make `tmp` ours to write: a leftover of ours (killed export or reshard) is removed, anything else is refused.
+
+    Ours is known by the owner file beside it (`<tmp>.owner`), written as the folder is made and removed after the
+    final rename; a folder of that name without it is someone's data and is never deleted."""
+    owner = tmp.with_name(tmp.name + ".owner")
+    if tmp.exists() or tmp.is_symlink():
+        if not owner.is_file():
+            raise CheckpointError(f"{tmp} exists and was not left by hf-zero3 (no {owner.name} beside it): move it "
+                                  "away or choose another output folder; nothing was deleted")
+        tmp.unlink() if tmp.is_symlink() else shutil.rmtree(tmp)  # our own leftover from a run that was killed
+
+
+def mark_staging(tmp: Path) -> None:
+    """Write the owner file that makes a leftover `tmp` ours to remove (see `claim_staging`)."""
+    owner = tmp.with_name(tmp.name + ".owner")
+    try:
+        owner.write_text("hf-zero3 staging folder: safe to delete together with the folder of the same name\n")
+    except OSError as e:
+        raise CheckpointError(f"cannot write {owner}: {e.strerror}: choose an output folder you can write to") from e
+
+
+def release_staging(tmp: Path) -> None:
+    """The staging folder is gone (renamed into place or removed): its owner file goes too."""
+    tmp.with_name(tmp.name + ".owner").unlink(missing_ok=True)
+
+
 def _staging(out: Path) -> tuple[Path, Path]:
     """out must be new or empty (nothing is overwritten); we write next to it and rename when done.
 
@@ -74,13 +101,17 @@ def _staging(out: Path) -> tuple[Path, Path]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty: choose a new output folder")
     tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # our own leftover from an export that was killed
+    claim_staging(tmp)
     created = next((p for p in reversed(tmp.parents) if not p.exists()), tmp)
     try:
         tmp.mkdir(parents=True)
     except OSError as e:
         raise CheckpointError(f"cannot create {tmp}: {e.strerror}: choose an output folder you can write to") from e
+    try:
+        mark_staging(tmp)
+    except CheckpointError:
+        shutil.rmtree(created, ignore_errors=True)
+        raise
     return tmp, created
 
 
@@ -106,8 +137,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
         if problems := verify_weights(tmp, shapes_from=checkpoint):
             raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
         tmp.rename(out)
+        release_staging(tmp)
     except BaseException as e:
         shutil.rmtree(created, ignore_errors=True)  # a failed export leaves nothing behind
+        release_staging(tmp)
         if isinstance(e, OSError):
             raise CheckpointError(f"export of {checkpoint} failed, nothing written: {e}: check that the checkpoint "
                                   f"is readable and that {out.parent} is writable with free space") from e
@@ -188,15 +221,17 @@ def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
     if (checkpoint / "latest_universal").is_file() and out.is_dir():
         return out
     tmp = checkpoint / f".{out.name}.partial"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    claim_staging(tmp)
+    mark_staging(tmp)
     try:
         ds_to_universal(Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=workers,
                                   num_merge_workers=workers, keep_temp_folder=False, strict=True,
                                   inject_missing_state=True))
         tmp.rename(out)
+        release_staging(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+        release_staging(tmp)
         if isinstance(e, Exception):
             raise CheckpointError(f"reshard of {checkpoint} failed, nothing written: {type(e).__name__}: {e}: check "
                                   f"that its files are readable and that it has free space") from e

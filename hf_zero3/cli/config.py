@@ -39,7 +39,8 @@ def add_arguments(verbs) -> None:
     for flag in ("activation-checkpointing", "activation-offload", "wall-clock-breakdown", "overlap-comm", "contiguous-gradients",
                  "gather-16bit-weights"):
         new.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
-    new.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
+    new.add_argument("-o", "--output", type=output_file, help="write here instead of stdout (a new file, or --force)")
+    new.add_argument("--force", action="store_true", help="with -o: replace an existing file")
     new.set_defaults(func=_config_new)
 
     check = config.add_parser("check", help="validate a ds_config; every finding names its fix")
@@ -118,6 +119,9 @@ def _config_new(args: argparse.Namespace) -> int:
         return 2
     text = render(build_ds_config(spec))
     if args.output:
+        if Path(args.output).exists() and not args.force:
+            print(f"error: {args.output} exists: choose a new path, or pass --force to replace it", file=sys.stderr)
+            return 2
         try:
             Path(args.output).write_text(text)
         except OSError as e:

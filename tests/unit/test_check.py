@@ -188,6 +188,16 @@ def test_check_seed_config_reports_what_the_seed_gets_wrong(capsys):
     assert "1 error(s)" in out
 
 
+def test_new_never_replaces_an_existing_file_unless_forced(tmp_path, capsys):
+    out_file = tmp_path / "ds_config.json"
+    out_file.write_text("{\"mine\": true}\n")
+    assert cli(["config", "new", "--stage", "3", "-o", str(out_file)]) == 2
+    assert f"error: {out_file} exists: choose a new path, or pass --force to replace it" in capsys.readouterr().err
+    assert out_file.read_text() == "{\"mine\": true}\n"
+    assert cli(["config", "new", "--stage", "3", "-o", str(out_file), "--force"]) == 0
+    assert json.loads(out_file.read_text())["zero_optimization"]["stage"] == 3
+
+
 def test_new_like_seed_writes_the_corrected_equivalent(tmp_path, capsys):
     out_file = tmp_path / "fixed.json"
     assert cli(["config", "new", "--like", str(SEED), "--world-size", "8", "-o", str(out_file)]) == 0

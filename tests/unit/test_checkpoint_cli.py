@@ -84,6 +84,28 @@ def test_unwritable_output_folder_is_named(capsys, broken_checkpoint, tmp_path):
     assert tree(tmp_path) == before
 
 
+def test_a_staging_folder_hf_zero3_did_not_leave_is_never_deleted(capsys, broken_checkpoint, tmp_path):
+    foreign = tmp_path / ".out.partial"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("someone's")
+    before = tree(tmp_path)
+    code, output = cli(capsys, "export", broken_checkpoint, tmp_path / "out")
+    assert code == 2 and f"error: {foreign} exists and was not left by hf-zero3" in output, output
+    assert "nothing was deleted" in output
+    assert tree(tmp_path) == before and (foreign / "notes.txt").read_text() == "someone's"
+
+
+def test_a_staging_folder_left_by_a_killed_export_is_cleared(capsys, broken_checkpoint, tmp_path):
+    before = tree(tmp_path)
+    leftover = tmp_path / ".out.partial"
+    leftover.mkdir()
+    (leftover / "model-00001-of-00002.safetensors").write_text("half written")
+    leftover.with_name(".out.partial.owner").write_text("hf-zero3 staging folder")
+    code, output = cli(capsys, "export", broken_checkpoint, tmp_path / "out")
+    assert code == 2 and "failed, nothing written" in output, output  # the checkpoint is broken, not the leftover
+    assert tree(tmp_path) == before  # the leftover and its owner file are gone, nothing new is left
+
+
 def test_failed_reshard_leaves_no_staging_folder(capsys, broken_checkpoint, tmp_path):
     before = tree(tmp_path)
     code, output = cli(capsys, "reshard", broken_checkpoint, "--workers", "1")
