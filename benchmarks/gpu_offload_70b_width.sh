@@ -12,13 +12,14 @@
 # this script copies the .so and header to /tmp and points CFLAGS/LDFLAGS/CPATH/LIBRARY_PATH/LD_LIBRARY_PATH at them
 # so DeepSpeed's async_io op JIT-builds (op_builder/async_io.py links a test program against -laio).
 # Run from the repository root:  bash benchmarks/gpu_offload_70b_width.sh   (about 6 minutes; results in $OUT)
-# Settings: LAYERS=2 STEPS=3 GPUS=2 NVME_DIR=$HOME/hfz-nvme; CHECK_ONLY=1 stops before anything needs a GPU.
+# Settings: LAYERS=2 STEPS=3 GPUS=2 NVME_DIR=<a folder on the NVMe mount, default $HOME> (the swap goes into a new
+# hfz-nvme-swap-<pid> folder inside it, removed at the end); CHECK_ONLY=1 stops before anything needs a GPU.
 set -uo pipefail
 if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
 OUT=${OUT:-outputs/gpu-offload-70b-width}
 mkdir -p "$OUT"
 LAYERS=${LAYERS:-2} STEPS=${STEPS:-3} GPUS=${GPUS:-2}
-NVME_DIR=${NVME_DIR:-$HOME/hfz-nvme}
+NVME_DIR=${NVME_DIR:-$HOME}/hfz-nvme-swap-$$  # our own folder on that mount: only it is removed
 WORK=${WORK:-outputs/offload-70b-width}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / GPUS ))}  # CPU Adam: the cores shared among the ranks
 rm -rf "$NVME_DIR" "$WORK" && mkdir -p "$NVME_DIR" "$WORK"

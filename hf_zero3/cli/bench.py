@@ -30,8 +30,8 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--only", default="", metavar="NAMES",
-                       help="comma-separated configs (ours, a --variant, a baseline) to run in this call; with "
-                            "--resume the others' recorded runs stay in the report (e.g. a third run of two configs)")
+                       help="comma-separated configs (ours, a --variant, a baseline) to run in this call; implies "
+                            "--resume, so the others' recorded runs stay in the report (e.g. a third run of two configs)")
     bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
                        help="DeepSpeed wall-clock breakdown (fwd/bwd/step; adds a sync per timer)")
@@ -112,7 +112,7 @@ def _bench(args: argparse.Namespace) -> int:
                                breakdown=args.breakdown, model_label=label, model=model,
                                seq_len=facts.seq_len, global_batch=global_batch,
                                command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                               resume=args.resume, run_timeout=args.run_timeout, suffix=args.suffix,
+                               resume=args.resume or bool(only), run_timeout=args.run_timeout, suffix=args.suffix,
                                only=only)
     print(f"wrote {report}")
     for name, error in failed.items():

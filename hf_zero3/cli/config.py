@@ -99,8 +99,14 @@ def _config_new(args: argparse.Namespace) -> int:
         elif args.nvme_path and fields.get(name, {}).get("device") == "nvme":
             fields[name] = {**fields[name], "nvme_path": args.nvme_path}
     for key, value in (("ratio", args.offload_ratio), ("pin_memory", args.pin_memory)):
-        if value is not None:
-            fields["offload_optimizer"] = {**fields.get("offload_optimizer", {}), key: value}
+        if value is None:
+            continue
+        if fields.get("offload_optimizer", {}).get("device", "none") == "none":
+            flag = "--offload-ratio" if key == "ratio" else "--pin-memory/--no-pin-memory"
+            print(f"error: {flag} sets how the optimizer states are offloaded, but they are not: add "
+                  "--offload-optimizer cpu", file=sys.stderr)
+            return 2
+        fields["offload_optimizer"] = {**fields.get("offload_optimizer", {}), key: value}
     for flag, name in (("activation_checkpointing", "activation_checkpointing"), ("activation_offload", "activation_offload"),
                        ("wall_clock_breakdown", "wall_clock_breakdown"),
                        ("overlap_comm", "overlap_comm"), ("contiguous_gradients", "contiguous_gradients"),

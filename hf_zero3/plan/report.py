@@ -11,14 +11,18 @@ from hf_zero3.plan.memory import gb
 
 
 def rows(choice) -> list:
-    """One row per option (stage, offload, checkpointing): its largest fitting micro batch, else its smallest."""
+    """One row per option (stage, offload with its ratio and pinning, checkpointing, activation offload): its largest
+    micro batch that fits with the full margin, else its largest that fits tightly, else its smallest."""
     rows: dict = {}
     for p in choice.tried:  # cheapest first, so within an option the largest micro batch comes first
         spec = p.spec
-        key = (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.activation_checkpointing,
+        key = (spec.stage, spec.offload_optimizer.device, spec.offload_optimizer.ratio,
+               spec.offload_optimizer.pin_memory, spec.offload_param.device, spec.activation_checkpointing,
                spec.activation_offload)
-        if key not in rows or not rows[key].fits:
-            rows[key] = p
+        rank = 2 if p.fits and not p.tight else 1 if p.fits else 0
+        if key not in rows or rank > rows[key][0]:
+            rows[key] = (rank, p)
+    return [p for _, p in rows.values()]
     return list(rows.values())
 
 
@@ -34,6 +38,8 @@ def terms_json(plan) -> dict:
 
 def plan_json(p) -> dict:
     return {"option": p.label, "stage": p.spec.stage, "offload_optimizer": p.spec.offload_optimizer.device,
+            "offload_optimizer_ratio": p.spec.offload_optimizer.ratio,
+            "offload_optimizer_pin_memory": p.spec.offload_optimizer.pin_memory,
             "offload_param": p.spec.offload_param.device, "checkpointing": p.spec.activation_checkpointing,
             "activation_offload": p.spec.activation_offload,
             "micro_batch": p.training.micro_batch, "grad_accum": p.training.grad_accum,
@@ -60,7 +66,8 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
     out(f"{'option, cheapest first':68} {'micro x acc':>11} {'per GPU':>10} {'host/node':>12} {'NVMe/node':>10}"
         "  fits")
     for p in rows(choice):
-        fits = "yes" if p.fits else "no: " + ", ".join(x.split(" needs")[0] for x in p.problems())
+        fits = ("yes, tight" if p.tight else "yes") if p.fits else "no: " + ", ".join(
+            x.split(" needs")[0] for x in p.problems())
         out(f"{p.label:68} {p.training.micro_batch:>5} x {p.training.grad_accum:<4}{gb(p.gpu_bytes):>10} "
             f"{gb(p.host_bytes):>12} {gb(p.nvme_bytes):>10}  {fits}")
     out("")

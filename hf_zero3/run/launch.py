@@ -415,7 +415,8 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
     spec = ZeroSpec(**{**fields, "precision": facts.precision,
                        "activation_checkpointing": facts.activation_checkpointing,
-                       "activation_offload": fields.get("activation_offload", False) or facts.activation_offload})
+                       "activation_offload": facts.activation_offload if values.get("activation_offload") is not None
+                       else fields.get("activation_offload", False)})
     ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger), spec)
     best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())

@@ -84,11 +84,11 @@ class TrainingArguments(transformers.TrainingArguments):
         default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
                                      "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
                                      "skipped on such steps either way)."})
-    activation_offload: bool = field(
-        default=False, metadata={"help": "Keep the activations the decoder saves for backward in pinned host memory, "
+    activation_offload: bool | None = field(
+        default=None, metadata={"help": "Keep the activations the decoder saves for backward in pinned host memory, "
                                          "copied back ahead of use on side CUDA streams (with gradient_checkpointing: "
                                          "the checkpointed layer inputs). Also on when the ds_config says "
-                                         "activation_checkpointing.cpu_checkpointing: true. "
+                                         "activation_checkpointing.cpu_checkpointing: true, unless this says false. "
                                          "See hf_zero3/run/activation_offload.py."})
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
@@ -556,7 +556,11 @@ def _maybe_offload_activations(model, training_args) -> None:
 
     ds = training_args.hf_deepspeed_config.config if training_args.deepspeed else None
     by_ds = activation_offload.requested_by_ds_config(ds)
-    if not (training_args.activation_offload or by_ds):
+    if training_args.activation_offload is False and by_ds and is_world_process_zero():
+        print("hf_zero3: activation offload off (activation_offload: false), although the ds_config's "
+              "activation_checkpointing.cpu_checkpointing asks for it", flush=True)
+    if training_args.activation_offload is False or not (training_args.activation_offload or by_ds):
+        training_args.activation_offload = False
         return
     training_args.activation_offload = True
     activation_offload.enable(model)

@@ -271,3 +271,10 @@ def test_like_notes_every_value_it_does_not_carry(tmp_path, capsys):
     bad.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"}}))
     assert cli(["config", "new", "--like", str(bad)]) == 2
     assert "cannot convert" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--no-pin-memory"], ["--offload-ratio", "0.5"]])
+def test_new_refuses_offload_settings_without_offload(capsys, flag):
+    assert cli(["config", "new", "--stage", "3", *flag]) == 2
+    err = capsys.readouterr().err
+    assert "but they are not: add --offload-optimizer cpu" in err, err
