@@ -58,6 +58,8 @@ ENV_HELP = """environment:
   DRY_RUN=1      print the command, resolved arguments, batch math and memory plan; start nothing
   GPU_MEM        GPU memory for the DRY_RUN plan, e.g. 40GB (default: the recipe's target)
   HOST_RAM       host RAM per node for the DRY_RUN plan, e.g. 1TB (default: not checked)
+  HEADROOM       fraction of GPU memory, host RAM and NVMe the DRY_RUN plan leaves free (default: 0.1 when the
+                 recipe targets a named machine, else 0)
   DEEPSPEED      the launcher program (default: deepspeed)"""
 
 
@@ -387,6 +389,14 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         except argparse.ArgumentTypeError as e:
             print(f"error: {name}={text}: {e}", file=sys.stderr)
             return 2
+    try:
+        headroom = float(env.get("HEADROOM", "").strip() or (0.1 if target.profile else 0.0))
+        if not 0 <= headroom < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: HEADROOM={env.get('HEADROOM')}: give the fraction of GPU memory, host RAM and NVMe to leave "
+              "free, from 0 to below 1, e.g. 0.1", file=sys.stderr)
+        return 2
     if not sizes["GPU_MEM"] and not cuda_available():
         print("plan      skipped: no GPU here and no target GPU memory; set GPU_MEM=80GB to plan for such GPUs")
         return 0
@@ -400,7 +410,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         shape = load_config_shape(str(model), overrides=overrides) if overrides else load_shape(str(model))
         hardware = _with_profile_and_nvme(
             detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
-                            host_ram=sizes["HOST_RAM"]), config, target)
+                            host_ram=sizes["HOST_RAM"]), config, target, headroom)
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
                              micro_batch=micro, precision=facts.precision, attention=facts.attention,
                              load_bytes=load_bytes, liger=facts.liger)
@@ -429,12 +439,13 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     return max(rc, 0 if ours.fits else 1)
 
 
-def _with_profile_and_nvme(hardware, config: dict, target: Target):
+def _with_profile_and_nvme(hardware, config: dict, target: Target, headroom: float = 0.0):
     """The target profile's fixed terms, its host RAM and NVMe size (when its GPU count is the one launched and
-    HOST_RAM is not given), and the config's NVMe directory: its free space here if it exists, else the
-    profile's, else unknown."""
+    HOST_RAM is not given), the config's NVMe directory (its free space here if it exists, else the profile's,
+    else unknown) and the headroom to leave free."""
     import dataclasses
 
+    hardware = dataclasses.replace(hardware, headroom=headroom)
     from hf_zero3.plan.profiles import PROFILES
 
     machine = PROFILES.get(target.profile or "")
