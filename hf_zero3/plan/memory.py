@@ -719,7 +719,7 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     per_rank = training.micro_batch * training.grad_accum
     options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=per_rank * hardware.world_size,
                                      precision=spec.precision, attention=training.attention, liger=training.liger)
-               if _at_least_as_frugal(p, current) and need(p) < need(current)]
+               if _at_least_as_frugal(p, current, host) and need(p) < need(current)]
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
             f"micro batch {training.micro_batch}).")
@@ -731,9 +731,13 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
             f"{_how(current, nxt, ds_config_path)}")
 
 
-def _at_least_as_frugal(p: Plan, current: Plan) -> bool:
+def _at_least_as_frugal(p: Plan, current: Plan, host: bool = False) -> bool:
+    """Gives up memory on every axis; after a host OOM a smaller partial-offload ratio also counts (it moves
+    optimizer states from the host to the GPU, and the plan must still fit the GPU)."""
     a, b = p.spec, current.spec
-    return (a.stage >= b.stage and _offload_level(a) >= _offload_level(b)
+    less_on_host = host and a.offload_optimizer.device == b.offload_optimizer.device == "cpu" and (
+        a.offload_param.device == b.offload_param.device)
+    return (a.stage >= b.stage and (_offload_level(a) >= _offload_level(b) or less_on_host)
             and a.activation_checkpointing >= b.activation_checkpointing
             and a.activation_offload >= b.activation_offload
             and p.training.micro_batch <= current.training.micro_batch)

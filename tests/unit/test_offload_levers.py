@@ -167,3 +167,20 @@ def test_the_70b_readme_quotes_the_predicted_nvme_time_per_step(capsys):
                  "--global-batch", "64"]) == 0
     out = capsys.readouterr().out
     assert "cost      NVMe swap: about 207 s per optimizer step at p4d.24xlarge's 16 GB/s read" in out
+
+
+def test_host_oom_advice_offers_a_smaller_partial_offload_ratio():
+    """After a host-RAM OOM, moving optimizer states back to the GPU (a lower ratio) is the way out when it fits."""
+    import dataclasses
+
+    from hf_zero3.config.presets import RECIPE_CONFIGS
+    from hf_zero3.plan.memory import Training, oom_advice
+    from hf_zero3.plan.profiles import get
+    from hf_zero3.plan.shapes import load_shape
+
+    hardware = dataclasses.replace(get("h200x2").hardware(1, 0.0), nvme_path=None, nvme_free=0)
+    advice = oom_advice(load_shape("20b-h200x2"), hardware, Training(4096, 2, 2), RECIPE_CONFIGS["20b-h200x2"],
+                        host=True)
+    assert "Next step" in advice and "--offload-ratio 0." in advice, advice
+    ratio = float(advice.split("--offload-ratio ")[1].split()[0])
+    assert ratio < RECIPE_CONFIGS["20b-h200x2"].offload_optimizer.ratio
