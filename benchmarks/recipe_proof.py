@@ -30,7 +30,7 @@ from hf_zero3.config.build import build_ds_config, training_args_overrides  # no
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
 from hf_zero3.config.spec import ZeroSpec  # noqa: E402
 from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
-from hf_zero3.plan.shapes import NAMED_SHAPES, with_changes  # noqa: E402
+from hf_zero3.plan.shapes import load_shape, with_changes  # noqa: E402
 from hf_zero3.recipes import get as get_recipe  # noqa: E402
 from hf_zero3.run.train import load_arguments  # noqa: E402
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     recipe = get_recipe(args.recipe)
     name = args.tag or (f"{args.recipe}-{args.layers}L" if args.layers else args.recipe)
-    shape = NAMED_SHAPES[args.recipe]() if args.recipe in NAMED_SHAPES else NAMED_SHAPES["tiny"]()
+    shape = load_shape(args.recipe)  # a named shape or the recipe's own model
     if args.layers:
         shape = with_changes(shape, layers=args.layers, name=f"{shape.name}-{args.layers}L")
     work = args.work / name
