@@ -29,6 +29,7 @@ from hf_zero3.argtypes import parse_size  # noqa: E402
 from hf_zero3.config.build import build_ds_config, training_args_overrides  # noqa: E402
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
 from hf_zero3.config.spec import ZeroSpec  # noqa: E402
+from hf_zero3.ops.bench import scratch_run_dir  # noqa: E402
 from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
 from hf_zero3.plan.shapes import load_shape, with_changes  # noqa: E402
 from hf_zero3.recipes import get as get_recipe  # noqa: E402
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers:
         shape = with_changes(shape, layers=args.layers, name=f"{shape.name}-{args.layers}L")
     work = args.work / name
-    shutil.rmtree(work, ignore_errors=True)
+    scratch_run_dir(work)  # emptied only if an earlier proof made it
     model_dir, variant_dir = work / "model", work / "recipe"
     write_model_config(shape, model_dir)
     shutil.copytree(recipe.folder, variant_dir)

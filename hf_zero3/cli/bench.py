@@ -107,13 +107,17 @@ def _bench(args: argparse.Namespace) -> int:
              f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit: run_bench's `finally` stops the run in flight
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
-                               out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
-                               breakdown=args.breakdown, model_label=label, model=model,
-                               seq_len=facts.seq_len, global_batch=global_batch,
-                               command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                               resume=args.resume or bool(only), run_timeout=args.run_timeout, suffix=args.suffix,
-                               only=only)
+    try:
+        report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
+                                   out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
+                                   breakdown=args.breakdown, model_label=label, model=model,
+                                   seq_len=facts.seq_len, global_batch=global_batch,
+                                   command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
+                                   resume=args.resume or bool(only), run_timeout=args.run_timeout, suffix=args.suffix,
+                                   only=only)
+    except ValueError as e:  # a scratch folder that is not ours: left untouched
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {report}")
     for name, error in failed.items():
         print(f"error: variant {name} failed, so the report has no numbers for it: {error}", file=sys.stderr)

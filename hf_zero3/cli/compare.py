@@ -79,10 +79,14 @@ def _compare(args: argparse.Namespace) -> int:
             "seq_len": facts.seq_len, "global_batch": facts.global_batch(gpus), "gpus": gpus,
             "overrides": args.overrides}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `timeout`: stop the rung in flight
-    report, failed = run_compare(yaml_path, values, names, steps=args.steps, warmup=args.warmup, gpus=gpus,
-                                 out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=args.overrides,
-                                 label=label, meta=meta, nvme_path=args.nvme_path, run_timeout=args.run_timeout,
-                                 redo=args.redo)
+    try:
+        report, failed = run_compare(yaml_path, values, names, steps=args.steps, warmup=args.warmup, gpus=gpus,
+                                     out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=args.overrides,
+                                     label=label, meta=meta, nvme_path=args.nvme_path, run_timeout=args.run_timeout,
+                                     redo=args.redo)
+    except ValueError as e:  # a scratch folder that is not ours: left untouched
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {report}")
     for name, error in failed.items():
         print(f"error: rung {name} failed: {error}", file=sys.stderr)

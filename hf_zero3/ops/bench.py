@@ -350,7 +350,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         if str(repeat) in done or (only and variant.name not in only):
             continue
         run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
-        shutil.rmtree(run_dir, ignore_errors=True)  # the bench's own scratch run: old records must not mix in
+        scratch_run_dir(run_dir)  # the bench's own scratch run: old records must not mix in
         overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
                      "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
                      "--output_dir", str(run_dir), "--overwrite_output_dir", "true", "--save_final_model", "false",
@@ -387,6 +387,21 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     failed = {name: runs[max(runs, key=int)]['summary']['error'] for name, runs in state['runs'].items()
               if runs and 'error' in runs[max(runs, key=int)]['summary']}
     return report, failed
+
+
+def scratch_run_dir(run_dir: Path) -> None:
+    """Empty the folder one bench or compare run writes, if this tool made it (its owner file says so; an empty
+    folder holds nothing to lose); a folder of that name that is someone's data stops the bench, untouched."""
+    from hf_zero3.checkpoint.export import claim_staging, mark_staging
+    from hf_zero3.checkpoint.lifecycle import CheckpointError
+
+    if run_dir.is_dir() and not run_dir.is_symlink() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+    try:
+        claim_staging(run_dir)
+        mark_staging(run_dir)
+    except CheckpointError as e:
+        raise ValueError(f"{e} (it is where a run of this bench would write: pass another --work-dir)") from None
 
 
 def _write_state_outputs(report: Path, meta: dict, state: dict, names: list[str]) -> None:

@@ -177,11 +177,11 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
              seed: int, extra: list[str], rungs_dir: Path, work_dir: Path, on_gpu: bool, run_timeout: float,
              meta: dict) -> dict:
     """Train one rung and write `rungs/<name>.jsonl` (its per-step records) and `rungs/<name>.json` (summary)."""
-    from hf_zero3.ops.bench import _follow, _read_jsonl, _stop
+    from hf_zero3.ops.bench import _follow, _read_jsonl, _stop, scratch_run_dir
     from hf_zero3.run.distributed import free_port
 
     run_dir = work_dir / rung.name
-    shutil.rmtree(run_dir, ignore_errors=True)
+    scratch_run_dir(run_dir)
     overrides = ["--model_name_or_path", model_dir, "--config_name", "null", "--tokenizer_name", model_dir,
                  "--config_overrides", "null", "--max_steps", str(steps), "--logging_steps", "1",
                  "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none", "--output_dir", str(run_dir),

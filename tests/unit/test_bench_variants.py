@@ -70,3 +70,21 @@ def test_repeats_report_medians_spread_and_each_run():
     assert "| ours | 2 | 9000 |" in text and "| stock_tuned | 2 | failed: exit 1: OOM |" in text
     assert "3 run(s) per config" in text
     assert aggregate([{"error": "exit 1: x"}])["error"] == "exit 1: x"
+
+
+def test_a_scratch_run_folder_is_emptied_only_when_the_bench_made_it(tmp_path):
+    from hf_zero3.ops.bench import scratch_run_dir
+
+    run_dir = tmp_path / "ours"
+    scratch_run_dir(run_dir)  # new: nothing to clear, the owner file is written beside it
+    run_dir.mkdir()
+    (run_dir / "train_log.jsonl").write_text("{}\n")
+    scratch_run_dir(run_dir)  # ours: the old records go
+    assert not run_dir.exists() and (tmp_path / "ours.owner").is_file()
+
+    theirs = tmp_path / "stock"
+    theirs.mkdir()
+    (theirs / "checkpoint-100").mkdir()
+    with pytest.raises(ValueError, match="was not left by hf-zero3.*pass another --work-dir"):
+        scratch_run_dir(theirs)
+    assert (theirs / "checkpoint-100").is_dir()
