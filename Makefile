@@ -46,8 +46,10 @@ configs: setup ## regenerate every committed ds_config (ds_configs/, recipes/*/d
 check-configs: setup ## fail if a committed ds_config differs from the generator
 	$(BIN)/hf-zero3 configs --check
 
-clean: ## remove outputs/ and caches (not .venv)
-	rm -rf outputs .pytest_cache
+clean: ## remove caches (not outputs/: it holds your runs and checkpoints; not .venv)
+	rm -rf .pytest_cache build dist
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+	@test ! -d outputs || echo "outputs/ kept: it holds runs and checkpoints; delete what you no longer need yourself"
 
 train-%: setup ## train recipes/<size>, e.g. NUM_NODES=2 NUM_GPUS=4 HOSTFILE=hosts MODEL=/models/llama-70b make train-70b
 	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }

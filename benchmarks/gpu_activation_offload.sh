@@ -6,7 +6,7 @@
 #      between steps + CAP_GIB (default 24: gathered parameters, the step's 4 GiB fp32 gradient sub-group and ~16 GiB
 #      for activations; on the whole 141 GB the search would take minutes per attempt), stopping at the first OOM.
 #   2. `hf-zero3 train` with --activation_offload true, 4 steps at 4096 (the Trainer path end to end).
-#   3. optional (ONE_GPU_3B=1): a ~3B Llama on 1 GPU, without and with offload.
+#   3. optional (ONE_GPU_3B=1): a ~3B Llama on 1 GPU, without and with offload (SKIP_8B=1: only this part).
 # Every run sits in its own `timeout`; everything lands in OUT as it comes. About 6-7 minutes in all.
 # Usage: bash benchmarks/gpu_activation_offload.sh [OUT]
 source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0
@@ -30,7 +30,7 @@ LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num
 PY
 elapsed() { echo $(( $(date +%s) - start )); }
 port=29611
-for mode in checkpointing offload; do
+for mode in $([ "${SKIP_8B:-0}" = 1 ] || echo checkpointing offload); do
   flag=$([ $mode = offload ] && echo --offload)
   port=$((port + 1))
   echo "[$(elapsed) s] 8b $mode" | tee -a "$OUT/progress.txt"
@@ -41,7 +41,7 @@ for mode in checkpointing offload; do
   grep "bench:" "$OUT/8b_$mode.log" | tail -20
   nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/progress.txt" 2>&1
 done
-if [ "$(elapsed)" -lt 360 ]; then
+if [ "${SKIP_8B:-0}" != 1 ] && [ "$(elapsed)" -lt 360 ]; then
   echo "[$(elapsed) s] hf-zero3 train --activation_offload true" | tee -a "$OUT/progress.txt"
   timeout 110 deepspeed --num_gpus "$GPUS" --master_port $((port + 1)) --module hf_zero3.train recipes/8b/train_args.yaml \
     --model_name_or_path null --config_name "$MODEL" --tokenizer_name assets/tiny/model --deepspeed "$DS_CONFIG" \
@@ -70,5 +70,5 @@ PY
 fi
 free -g >> "$OUT/progress.txt"
 echo "[$(elapsed) s] done" | tee -a "$OUT/progress.txt"
-python3 benchmarks/activation_offload_report.py "$OUT/8b" > "$OUT/summary.md" 2>&1; cat "$OUT/summary.md"
+[ -d "$OUT/8b" ] && { python3 benchmarks/activation_offload_report.py "$OUT/8b" > "$OUT/summary.md" 2>&1; cat "$OUT/summary.md"; }
 if [ -d "$OUT/3b" ]; then python3 benchmarks/activation_offload_report.py "$OUT/3b" > "$OUT/summary_3b.md" 2>&1; fi

@@ -13,7 +13,8 @@ if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_AR
 RECIPE=${RECIPE:-20b-h200x2} GPUS=${GPUS:-2} STEPS=${STEPS:-20} TIMEOUT=${TIMEOUT:-420}
 OUT=${OUT:-outputs/gpu-largest-$RECIPE}
 WORK=${WORK:-outputs/largest-$RECIPE}
-mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
+source benchmarks/scratch.sh
+mkdir -p "$OUT" && scratch_dir "$WORK" || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / GPUS ))}  # CPU Adam: the cores shared among the ranks
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.md"; }
 read -r micro accum overrides < <(python3 - "recipes/$RECIPE/train_args.yaml" <<'PY'

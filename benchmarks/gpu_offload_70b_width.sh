@@ -22,7 +22,9 @@ LAYERS=${LAYERS:-2} STEPS=${STEPS:-3} GPUS=${GPUS:-2}
 NVME_DIR=${NVME_DIR:-$HOME}/hfz-nvme-swap-$$  # our own folder on that mount: only it is removed
 WORK=${WORK:-outputs/offload-70b-width}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / GPUS ))}  # CPU Adam: the cores shared among the ranks
-rm -rf "$NVME_DIR" "$WORK" && mkdir -p "$NVME_DIR" "$WORK"
+source benchmarks/scratch.sh
+scratch_dir "$NVME_DIR" && scratch_dir "$WORK" || exit 2
+trap 'rm -rf "$NVME_DIR" "$NVME_DIR.owner"' EXIT  # our own swap folder, however the script ends
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.md"; }
 
 # --- libaio from .whl/libaio (Debian bookworm packages, unpacked) ---
@@ -127,5 +129,4 @@ for r in 1 2 3 4 5 6 7; do [ -f "$OUT/probe/probe_rank$r.json" ] && python3 -c "
 # CPU Adam rate last (the run built the op): one rank's share of a 70b step on p4d is 8.6B params
 timeout 90 python3 benchmarks/offload_rates.py --adam-elements 500000000 --copy-gb 4 > "$OUT/rates_cpu_adam.json" 2> "$OUT/rates_cpu_adam.err"
 log "CPU Adam + PCIe: $(cat "$OUT/rates_cpu_adam.json")"
-rm -rf "$NVME_DIR"
 log "done"

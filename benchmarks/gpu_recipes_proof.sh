@@ -21,7 +21,7 @@ mkdir -p "$out"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 if [[ $part == *a* ]]; then
-  PROOF_NAME=7b proof 150 --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140 ${AGAINST_7B:+--against $AGAINST_7B}
+  PROOF_NAME=7b proof $(( ${AGAINST_7B:+2 *} 150 )) --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140 ${AGAINST_7B:+--against $AGAINST_7B}
   PROOF_NAME=13b proof 240 --recipe 13b --gpus 2 --steps 20 --warmup 2 --run-timeout 230
 fi
 if [[ $part == *b* ]]; then

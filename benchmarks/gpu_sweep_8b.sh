@@ -3,6 +3,7 @@
 # the recipe with one ds_config change, benchmarked alone with `hf-zero3 bench`. Run from the repo root.
 # Usage: bash benchmarks/gpu_sweep_8b.sh [OUT_DIR]
 set -euo pipefail
+source benchmarks/scratch.sh
 out=${1:-benchmarks}
 arch=${TORCH_CUDA_ARCH_LIST:-}
 if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
@@ -14,7 +15,7 @@ LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num
 PY
 for variant in zero3_big_buckets zero2; do
   recipe=outputs/recipes/8b-$variant
-  rm -rf "$recipe" && mkdir -p outputs/recipes && cp -r recipes/8b "$recipe"
+  scratch_dir "$recipe" && cp -r recipes/8b/. "$recipe"
   python3 - "$recipe/ds_config.json" "$variant" <<'PY'
 import json, sys
 path, variant = sys.argv[1], sys.argv[2]

@@ -37,12 +37,13 @@ from pathlib import Path
 
 from hf_zero3.config.build import build_ds_config
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render
+from hf_zero3.ops.bench import scratch_run_dir
 
 for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
                                  ("8b-zero2-liger", STANDALONE_CONFIGS["zero2"], int(os.environ["Z2_MICRO"]),
                                   6 // int(os.environ["Z2_MICRO"]))):
     folder = Path("outputs/recipes") / name
-    shutil.rmtree(folder, ignore_errors=True)
+    scratch_run_dir(folder)  # emptied only if a run of this script made it
     shutil.copytree("recipes/8b", folder)
     (folder / "ds_config.json").write_text(render(build_ds_config(spec)))
     text = (folder / "train_args.yaml").read_text()
