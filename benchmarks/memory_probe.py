@@ -46,15 +46,37 @@ class HostSampler(threading.Thread):
         self.peak, self.peak_at, self.t0, self.stopped = self.baseline, 0.0, time.time(), threading.Event()
 
     def run(self):
+        self.at_peak, snapshot_at = {}, self.baseline
         while not self.stopped.wait(self.interval):
             used = meminfo_used()
             if used > self.peak:
                 self.peak, self.peak_at = used, time.time() - self.t0
+                if used > snapshot_at + GiB // 2:  # who holds it: enough to explain a peak, cheap enough to repeat
+                    self.at_peak, snapshot_at = who_holds_host_ram(), used
 
     def result(self) -> dict:
         self.stopped.set()
         return {"baseline_used_gib": self.baseline / GiB, "peak_used_gib": self.peak / GiB,
-                "peak_minus_baseline_gib": (self.peak - self.baseline) / GiB, "peak_at_s": round(self.peak_at, 1)}
+                "peak_minus_baseline_gib": (self.peak - self.baseline) / GiB, "peak_at_s": round(self.peak_at, 1),
+                "near_peak": getattr(self, "at_peak", {})}
+
+
+def who_holds_host_ram(top: int = 8) -> dict:
+    """The largest processes by resident memory and the node's shared memory (tmpfs, /dev/shm: not reclaimable,
+    in no process's RSS alone), read from /proc when the node's use reaches a new high."""
+    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()}
+    procs = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            info = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            rss = int(info.get("VmRSS", "0 kB").split()[0]) * 1024
+        except (OSError, ValueError):
+            continue  # the process ended while we read it
+        if rss:
+            procs.append((rss, int(status.parent.name), info.get("Name", "?").strip()))
+    procs.sort(reverse=True)
+    return {"shmem_gib": round(fields.get("Shmem", 0) / GiB, 2),
+            "processes": [{"pid": pid, "name": name, "rss_gib": round(rss / GiB, 2)} for rss, pid, name in procs[:top]]}
 
 
 def _short(filename: str) -> str:

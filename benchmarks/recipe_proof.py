@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler.start()
     started = time.time()
     code = subprocess.call(cmd, cwd=ROOT)
-    host_peak = int(sampler.result()["peak_minus_baseline_gib"] * GiB)
+    host = sampler.result()
+    host_peak = int(host["peak_minus_baseline_gib"] * GiB)
     reports = sorted(args.out.glob(f"{name}_*_proof.jsonl"))
     records = [json.loads(line) for line in reports[-1].read_text().splitlines()] if reports else []
     ours = [r for r in records if r.get("variant") == "ours" and "loss" in r]
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         "planned_gpu_allocated_bytes": planned.gpu_allocated_bytes, "planned_gpu_bytes": planned.gpu_bytes,
         "planned_host_bytes": planned.host_bytes,
         "measured_gpu_peak_allocated_bytes": measured_gpu, "measured_host_peak_minus_start_bytes": host_peak,
+        "host_near_peak": {"at_s": host["peak_at_s"], **host["near_peak"]},
         "gpu_ratio": measured_gpu / planned.gpu_allocated_bytes if measured_gpu else None,
         "host_ratio": host_peak / planned.host_bytes if planned.host_bytes else None,
         "tokens_per_s_per_gpu": median("tokens_per_s_per_gpu"), "mfu": median("mfu"),

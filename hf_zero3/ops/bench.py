@@ -399,6 +399,7 @@ def scratch_run_dir(run_dir: Path) -> None:
         run_dir.rmdir()
     try:
         claim_staging(run_dir)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)  # where the owner file goes
         mark_staging(run_dir)
     except CheckpointError as e:
         raise ValueError(f"{e} (it is where a run of this bench would write: pass another --work-dir)") from None

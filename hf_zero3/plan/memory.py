@@ -372,10 +372,12 @@ def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> l
     """Bytes of each pinned host block ZeRO-3 with optimizer offload allocates per rank (DeepSpeed 0.19 stage3.py):
     the flat 16-bit gradient partition; with device "cpu" one fp32 gradient buffer per CPU sub-group, and one more
     block of a sub-group's size if some sub-groups stay on the GPU (their pinned staging copy, freed into torch's
-    cache and kept there); with "nvme" the optimizer's swap buffers."""
-    group = min(spec.sub_group_size, state_n)
+    cache and kept there). With "nvme" only the gradient partition: the optimizer's swap buffers are page-locked by
+    DeepSpeed's aio handle (`new_cpu_locked_tensor`: posix_memalign + mlock, swap_tensor/utils.py), not by torch's
+    caching host allocator, so they are not rounded (measured, 70B width on 2 x H200: torch's pinned peak 4.0 GiB per
+    rank = the 2.2 GB gradient partition rounded; benchmarks/nvme-offload-70b-width_2xH200_2026-11-30.md)."""
     if spec.offload_optimizer.device == "nvme":
-        return [grad_bytes] + [4 * group] * spec.offload_optimizer.buffer_count
+        return [grad_bytes]
     sizes = sub_groups(spec, state_n)
     kept_groups = len([None for total in itertools.accumulate(sizes) if total <= kept]) if kept else 0
     return [grad_bytes] + [4 * n for n in sizes[kept_groups:]] + ([4 * max(sizes)] if kept else [])
@@ -430,7 +432,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
         add("host", "optimizer NVMe swap buffers (pinned)", swap,
-            f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W)", "buffer")
+            f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W), page-locked by aio "
+            "(not rounded)", "buffer")
     if stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
         blocks = pinned_blocks(spec, b * grad_n, state_n, kept)
         add("host", "pinned buffers rounded up to powers of 2", sum(_pow2(x) - x for x in blocks),

@@ -136,6 +136,19 @@ def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
             "device": "cpu", "pin_memory": False}})).host_bytes
 
 
+
+def test_nvme_swap_buffers_are_not_rounded_only_the_gradient_partition_is():
+    """The 70B-width NVMe run (benchmarks/nvme-offload-70b-width_2xH200_2026-11-30/probe_rank0.json) measured 4.0 GiB
+    pinned by torch per rank: its 2.24 GB bf16 gradient partition rounded to 2^32 B. The four 0.4 GB swap buffers
+    are page-locked by DeepSpeed's aio handle, outside torch's allocator, and are not rounded."""
+    from hf_zero3.plan.memory import _pow2, pinned_blocks
+
+    nvme = ZeroSpec(stage=3, offload_optimizer={"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True},
+                    sub_group_size=100_000_000)
+    part = -(-2_235_604_992 // 2)
+    blocks = pinned_blocks(nvme, 2 * part, part, 0)
+    assert blocks == [2 * part] and _pow2(blocks[0]) / GiB == 4.0
+
 def test_config_new_writes_partial_unpinned_offload_and_the_oom_advice_names_it(capsys):
     assert main(["config", "new", "--stage", "3", "--offload-optimizer", "cpu", "--offload-ratio", "0.5",
                  "--no-pin-memory"]) == 0
