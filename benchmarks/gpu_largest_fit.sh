@@ -8,6 +8,8 @@
 # before the launch), tokens/s/GPU and MFU (the throughput callback), against benchmarks/offload_plan_check.py's
 # prediction for this box. Results in $OUT as they come (summary.md first).
 # Run from the repository root:  bash benchmarks/gpu_largest_fit.sh   (about 7 minutes; CHECK_ONLY=1: no GPU part)
+# Variants of the recipe's ds_config: PIN_MEMORY=true|false (offload_optimizer.pin_memory), BREAKDOWN=1 (DeepSpeed's
+# wall_clock_breakdown timers in train.log). E.g. the 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
 set -uo pipefail
 if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
 RECIPE=${RECIPE:-20b-h200x2} GPUS=${GPUS:-2} STEPS=${STEPS:-20} TIMEOUT=${TIMEOUT:-420}
@@ -25,8 +27,23 @@ PY
 )
 accum=${ACCUM:-$accum}
 log "recipe $RECIPE on $GPUS GPU(s): micro $micro x accumulation $accum, $STEPS steps"
-cp "recipes/$RECIPE/ds_config.json" "$OUT/ds_config.json"
-python3 benchmarks/offload_plan_check.py predict --ds-config "recipes/$RECIPE/ds_config.json" --model assets/tiny/model \
+config="recipes/$RECIPE/ds_config.json"
+if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}" ]; then  # a variant of the recipe's config, written beside the run
+  python3 - "$config" "$WORK/ds_config.json" "${PIN_MEMORY:-}" "${BREAKDOWN:-}" <<'PY'
+import json, sys
+src, dst, pin, breakdown = sys.argv[1:]
+config = json.load(open(src))
+if pin:
+    config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin == "true"
+if breakdown:
+    config["wall_clock_breakdown"] = True
+json.dump(config, open(dst, "w"), indent=2)
+PY
+  config="$WORK/ds_config.json"
+  log "ds_config: the recipe's with pin_memory=${PIN_MEMORY:-as shipped}, wall_clock_breakdown=${BREAKDOWN:-as shipped}"
+fi
+cp "$config" "$OUT/ds_config.json"
+python3 benchmarks/offload_plan_check.py predict --ds-config "$config" --model assets/tiny/model \
   --overrides "$overrides" --checkpointing --gpus "$GPUS" --gpu-mem 140GiB \
   --host-ram "$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)" --micro "$micro" --accum "$accum" \
   --seq 4096 --from-scratch > "$OUT/predicted.json"
@@ -42,7 +59,7 @@ host_pid=$!
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv -l 2 > "$OUT/nvidia_smi.csv" 2>&1 &
 smi_pid=$!
 start=$(date +%s)
-NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt \
+NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt --deepspeed "$PWD/$config" \
   --gradient_accumulation_steps "$accum" --max_steps "$STEPS" --warmup_steps 2 --logging_steps 1 \
   --save_strategy no --output_dir "$WORK/run" > "$OUT/train.log" 2>&1
 rc=$?

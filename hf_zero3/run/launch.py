@@ -359,7 +359,11 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
     print(f"batch     micro {micro} x accumulation {accum} x {launch.world_size} ranks ({launch.nodes} node(s) x "
           f"{launch.gpus}) = global batch {global_batch}" + (f" x {seq} tokens = {global_batch * seq:,} tokens "
                                                              "per optimizer step" if seq else ""))
-    config = load_config(values["deepspeed"])
+    try:
+        config = load_config(values["deepspeed"])
+    except (OSError, ValueError) as e:  # missing or unreadable ds_config: the run would fail the same way
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     findings = check_ds_config(config, world_size=launch.world_size, micro_batch=micro, grad_accum=accum)
     for finding in findings:
         print(f"ds_config {finding}")

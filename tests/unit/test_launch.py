@@ -228,3 +228,11 @@ def test_a_bad_gpu_mem_names_the_setting_not_a_plan_flag(capsys):
     rc = main(["--target", "1x2", str(ROOT / "recipes" / "8b")], {"DRY_RUN": "1", "GPU_MEM": "40XB"})
     err = capsys.readouterr().err
     assert rc == 2 and "GPU_MEM=40XB: bad size '40XB'" in err and "80GiB" in err and "--gpu-mem" not in err
+
+
+def test_a_dry_run_with_a_missing_ds_config_override_says_so_without_a_traceback(tmp_path, capsys):
+    """`--deepspeed PATH` on the launch line replaces the recipe's config; a path that is not there is one error line."""
+    missing = tmp_path / "nope.json"
+    rc = main(["--target", "1x2", str(ROOT / "recipes" / "8b"), "--deepspeed", str(missing)], {"DRY_RUN": "1"})
+    err = capsys.readouterr().err
+    assert rc == 2 and f"ds_config {missing} not found" in err and "Traceback" not in err
