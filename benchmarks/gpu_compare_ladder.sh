@@ -16,7 +16,10 @@
 #   RUNGS=zero3,zero3_ckpt                  bash benchmarks/gpu_compare_ladder.sh   # ~6 min
 #   RUNGS=zero3_ckpt_offload_opt            bash benchmarks/gpu_compare_ladder.sh   # ~6-8 min (+1 min cpu_adam JIT build)
 #   RUNGS=zero3_ckpt_offload_all            bash benchmarks/gpu_compare_ladder.sh   # ~7-9 min: may hit RUN_TIMEOUT
-#   RUNGS=zero3_ckpt_nvme                   bash benchmarks/gpu_compare_ladder.sh   # skipped unless libaio is there
+#   RUNGS=zero3_ckpt_nvme                   bash benchmarks/gpu_compare_ladder.sh   # skipped unless libaio is there;
+#     NVME_STEPS (default 20) steps only: every step reads and writes the 1.1B model's ~35 GB of offloaded states on
+#     the disk (2.3-2.5 GB/s on the 2 x H200 box: ~15 s per step, so 500 steps would take 2 hours). Its memory and
+#     speed are measured; its loss is compared with DDP's over those 20 steps only.
 # Estimates per rung (not measured yet): start-up ~60-80 s (imports, 4.4 GB fp32 load, DeepSpeed init, tokenizing
 # 6.6 MB once), then 500 steps at ~0.10-0.25 s (DDP, ZeRO-1/2/3, + checkpointing: 1.1B x 2,048 tokens per GPU is
 # ~15 TFLOP per step per GPU), ~0.5-0.7 s (+ optimizer offload: DeepSpeedCPUAdam over 0.55B params per rank),
@@ -63,7 +66,7 @@ tokenizer.save_pretrained(folder)
 PY
 mkdir -p "$STATE/nvme"
 timeout "$LIMIT" python3 -m hf_zero3 compare tiny --rungs "$RUNGS" --steps "$STEPS" --warmup 10 --gpus "$GPUS" \
-  --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
+  --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --nvme-steps "${NVME_STEPS:-20}" --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
   --config_name "$model" --tokenizer_name "$model" --train_file "$CORPUS/train.jsonl" \
   --validation_file "$CORPUS/validation.jsonl" --block_size $SEQ --per_device_train_batch_size 2 \
   --gradient_accumulation_steps 1 --learning_rate 3.0e-4 --lr_scheduler_type cosine --warmup_steps 50 \

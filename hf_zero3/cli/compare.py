@@ -25,6 +25,9 @@ def add_arguments(verbs) -> None:
     compare.add_argument("--warmup", type=int, default=3, help="steps left out of the tokens/s median")
     compare.add_argument("--gpus", type=positive_int, help="ranks per rung (default: all GPUs, or 2 on CPU)")
     compare.add_argument("--nvme-path", help="folder on a local NVMe mount for the NVMe rung (skipped without it)")
+    compare.add_argument("--nvme-steps", type=positive_int, metavar="N",
+                         help="optimizer steps of the NVMe rung (default: --steps): each step reads and writes every "
+                         "offloaded state on the disk, about 35 GB for a 1.1B model, so a slow disk needs fewer")
     compare.add_argument("--run-timeout", type=positive_int, default=0, metavar="SECONDS",
                          help="stop a rung that takes longer (reported as failed); default: no limit")
     compare.add_argument("--redo", action="store_true", help="run rungs again that --out already records")
@@ -83,7 +86,7 @@ def _compare(args: argparse.Namespace) -> int:
         report, failed = run_compare(yaml_path, values, names, steps=args.steps, warmup=args.warmup, gpus=gpus,
                                      out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=args.overrides,
                                      label=label, meta=meta, nvme_path=args.nvme_path, run_timeout=args.run_timeout,
-                                     redo=args.redo)
+                                     redo=args.redo, nvme_steps=args.nvme_steps)
     except ValueError as e:  # a scratch folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -271,7 +271,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
         speed = (f"{s['tokens_per_s_per_gpu'] / ref['tokens_per_s_per_gpu']:.2f}x" if ref and s.get(
             "tokens_per_s_per_gpu") and ref.get("tokens_per_s_per_gpu") else "—")
         dev = deviation(records[name], base) if name != REFERENCE and base else None
-        lines.append(f"| {name} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
+        shown = name if s.get("steps") == first.get("steps") else f"{name} ({s.get('steps')} steps: Δloss over those)"
+        lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
                      f"{_fmt(s.get('host_rss_gb'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
                      f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
                      f"{_sci(dev and dev['tail_mean'])} | {_fmt(s.get('eval_loss'), 4)} | "
@@ -362,9 +363,10 @@ def write_report(out_dir: Path, label: str) -> Path:
 
 def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, steps: int, warmup: int, gpus: int,
                 out_dir: Path, work_dir: Path, extra: list[str], label: str, meta: dict, nvme_path: str | None,
-                run_timeout: float = 0, redo: bool = False) -> tuple[Path, dict[str, str]]:
+                run_timeout: float = 0, redo: bool = False, nvme_steps: int | None = None) -> tuple[Path, dict[str, str]]:
     """Run the named rungs (skipping those already in `<out>/rungs/` unless `redo`), then write the report.
-    Returns the report and the rungs that failed (name -> error)."""
+    The NVMe rung runs `nvme_steps` (default `steps`): each of its steps reads and writes every offloaded byte on the
+    disk. Returns the report and the rungs that failed (name -> error)."""
     from hf_zero3.ops.bench import hardware_label, versions
     from hf_zero3.run.distributed import cuda_available
 
@@ -386,7 +388,8 @@ def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, st
             record_skip(rungs_dir, rung.name, reason, meta)
             print(f"compare: {rung.name} skipped: {reason}", flush=True)
             continue
-        summary = run_rung(rung, yaml_path=yaml_path, model_dir=model_dir, init_sha=init_sha, steps=steps,
+        rung_steps = (nvme_steps or steps) if rung.name.endswith("nvme") else steps
+        summary = run_rung(rung, yaml_path=yaml_path, model_dir=model_dir, init_sha=init_sha, steps=rung_steps,
                            warmup=warmup, gpus=gpus, seed=seed, extra=extra, rungs_dir=rungs_dir, work_dir=work_dir,
                            on_gpu=on_gpu, run_timeout=run_timeout, meta=meta)
         if "error" in summary:

@@ -81,3 +81,15 @@ def test_report_gives_memory_and_speed_against_ddp_and_names_skips():
     assert "Precision: DDP is the Trainer's bf16 autocast" in text and "Warning" not in text
     summaries["zero3"]["init_sha256"] = "b" * 64
     assert "did not all start from the same initial weights" in render_report(summaries, records)
+
+
+def test_a_rung_with_fewer_steps_says_so_and_its_deviation_covers_only_those():
+    """The NVMe rung runs --nvme-steps (a slow disk cannot do 500): its row names its step count."""
+    from hf_zero3.ops.compare import render_report
+
+    meta = {"label": "x", "init_sha256": "a" * 64}
+    summaries = {"ddp": {**meta, "steps": 3, "gpu_peak_allocated_gb": 40.0, "tokens_per_s_per_gpu": 1000.0},
+                 "zero3_ckpt_nvme": {**meta, "steps": 1, "gpu_peak_allocated_gb": 8.0, "tokens_per_s_per_gpu": 50.0}}
+    records = {"ddp": [{"step": s, "loss": 5.0} for s in (1, 2, 3)], "zero3_ckpt_nvme": [{"step": 1, "loss": 5.5}]}
+    row = next(line for line in render_report(summaries, records).splitlines() if "zero3_ckpt_nvme" in line)
+    assert row.startswith("| zero3_ckpt_nvme (1 steps: Δloss over those) |") and "5.0e-01" in row
