@@ -24,7 +24,8 @@ def host_terms(plan) -> list:
 
 def plot_plan(path: str | Path, plans: list, title: str) -> bool:
     """Two panels: per GPU and host RAM per node, a stacked bar per option (`plans`, e.g. report.rows(choice)),
-    a colour per term, with the GPU memory and the host RAM drawn as limits. False without matplotlib."""
+    a colour per term, with the GPU memory and the host RAM drawn as limits (and, with --headroom, what a plan may
+    use of them). False without matplotlib."""
     try:
         import matplotlib
 
@@ -48,6 +49,9 @@ def plot_plan(path: str | Path, plans: list, title: str) -> bool:
         if limit:
             ax.axvline(limit / GB, color="red", linestyle="--", linewidth=1.5,
                        label=f"{'GPU memory' if ax is axes[0] else 'host RAM'}: {limit / GB:.0f} GB")
+            if hardware.headroom:  # what a plan may use: the fit is judged against this line, not the one above
+                ax.axvline(hardware.usable(limit) / GB, color="darkorange", linestyle=":", linewidth=1.5,
+                           label=f"usable with {hardware.headroom:.0%} headroom")
         ax.set_xlabel(what)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(plans)), names)
