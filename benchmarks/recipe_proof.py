@@ -5,6 +5,7 @@ measurement against the planner's prediction for the same run, written to <out>/
 
   python benchmarks/recipe_proof.py --recipe 7b --gpus 1 --gpu-mem 141GiB --host-ram 256GiB --steps 20 \
       --out DIR --work WORK [--as-shipped] [--layers 4] [--accum 2] [--against stock_tuned] [--tag NAME]
+      [--tuned stock_tuned=4+ckpt] [--repeats 3] [--global-batch 24]
 
 Host RAM is MemTotal - MemAvailable of the whole node (page cache excluded), peak minus its value before the
 launch; the planner's host figure is per node too. GPU memory is torch.cuda.max_memory_allocated, max over ranks.
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--against", default="")
+    ap.add_argument("--tuned", action="append", default=[], metavar="NAME=MICRO[+ckpt]",
+                    help="passed to bench: a *_tuned baseline's micro batch and checkpointing for this model")
+    ap.add_argument("--repeats", type=int, default=1, help="passed to bench: runs per config, interleaved")
+    ap.add_argument("--resume", action="store_true", help="continue a proof of the same --tag cut short (same "
+                    "--work, same machine): the runs bench recorded are kept")
+    ap.add_argument("--global-batch", type=int, help="the planner's choice at this global batch (sequences per "
+                    "step): accumulation fills it, so the baselines train the same tokens per step")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--run-timeout", type=int, default=0)
     ap.add_argument("--tag", help="name of this proof (default: <recipe>[-<layers>L])")
@@ -85,10 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers:
         shape = with_changes(shape, layers=args.layers, name=f"{shape.name}-{args.layers}L")
     work = args.work / name
-    scratch_run_dir(work)  # emptied only if an earlier proof made it
     model_dir, variant_dir = work / "model", work / "recipe"
-    write_model_config(shape, model_dir)
-    shutil.copytree(recipe.folder, variant_dir)
+    resume = args.resume and (work / "runs" / "bench_state.json").is_file()
+    if not resume:
+        scratch_run_dir(work)  # emptied only if an earlier proof made it
+        write_model_config(shape, model_dir)
+        shutil.copytree(recipe.folder, variant_dir)
     hardware = Hardware(nodes=1, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem, host_ram=args.host_ram)
     liger = liger_installed() and not args.cpu
     precision = "fp32" if args.cpu else "bf16"
@@ -107,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ["--per_device_train_batch_size", str(micro), "--gradient_accumulation_steps", str(accum)]
         how = f"the {args.spec} spec with the recipe's arguments" if args.spec else "the recipe's ds_config as shipped"
     else:
-        choice = choose(shape, hardware, args.seq_len, precision=precision, load_bytes=4, liger=liger)
+        choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, precision=precision,
+                        load_bytes=4, liger=liger)
         if not choice.fits:
             print(f"error: the planner finds nothing that fits: {choice.advice}", file=sys.stderr)
             return 2
@@ -129,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
            str(args.warmup), "--gpus", str(args.gpus), "--label", name, "--suffix", "proof", "--out",
            str(args.out), "--work-dir", str(work / "runs")]
     cmd += ["--against", args.against]  # bench's default adds the stock baseline: none unless asked
+    cmd += [f"--tuned={item}" for item in args.tuned] + ["--repeats", str(args.repeats)]
+    if resume:
+        cmd += ["--resume"]
     if args.breakdown:
         cmd += ["--breakdown"]
     if args.run_timeout:

@@ -20,7 +20,11 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--against", default="stock",
                        help="comma-separated baselines: stock, stock_offload, fsdp2 (as documented: checkpointing on, "
                             "the recipe's micro batch) and stock_tuned, zero2_tuned, fsdp2_tuned (tuned by hand: "
-                            "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200)")
+                            "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200; "
+                            "--tuned sets them for another model)")
+    bench.add_argument("--tuned", action="append", default=[], metavar="NAME=MICRO[+ckpt]",
+                       help="a *_tuned baseline's micro batch, and +ckpt for activation checkpointing, where the 8B "
+                            "defaults do not fit (repeatable), e.g. --tuned stock_tuned=4+ckpt for 13b on 2 x H200")
     bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
                        help="another recipe folder, run like ours under NAME (repeatable)")
     bench.add_argument("--repeats", type=positive_int, default=1,
@@ -47,7 +51,7 @@ def add_arguments(verbs) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, run_bench, tuned_accumulation
+    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, Tuned, run_bench, tuned_accumulation
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.recipes import RecipeError, get
     from hf_zero3.run.facts import RunFacts
@@ -62,6 +66,15 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = [a for a in against if a not in BASELINES]
     if unknown:
         print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
+        return 2
+    try:
+        tuned = dict(Tuned.parse(item) for item in args.tuned)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if set(tuned) - set(against):
+        print(f"error: --tuned sets {sorted(set(tuned) - set(against))}, which --against does not run: add them to "
+              "--against", file=sys.stderr)
         return 2
     others = {}
     for item in args.variant:
@@ -94,7 +107,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         for name in against:
             if name in TUNED_MICRO_BATCH:
-                tuned_accumulation(name, global_batch, gpus)
+                tuned_accumulation(name, global_batch, gpus, tuned)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -114,7 +127,7 @@ def _bench(args: argparse.Namespace) -> int:
                                    seq_len=facts.seq_len, global_batch=global_batch,
                                    command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
                                    resume=args.resume or bool(only), run_timeout=args.run_timeout, suffix=args.suffix,
-                                   only=only)
+                                   only=only, tuned=tuned)
     except ValueError as e:  # a scratch folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2

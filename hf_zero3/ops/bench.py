@@ -70,9 +70,32 @@ class Variant:
     """Whose train_args.yaml it starts from: the benchmarked recipe's unless set (`--variant NAME=DIR`)."""
 
 
-def tuned_accumulation(name: str, global_batch: int, gpus: int) -> int:
+@dataclass(frozen=True)
+class Tuned:
+    """How a `*_tuned` baseline runs: its micro batch and whether it checkpoints activations. The defaults
+    (TUNED_MICRO_BATCH, no checkpointing) are what fits Llama-3-8B on 2 x H200; another model or GPU gets its own with
+    `hf-zero3 bench --tuned NAME=MICRO[+ckpt]` (e.g. 13b on 2 x H200 fits stock ZeRO-3 only with checkpointing)."""
+
+    micro: int
+    checkpointing: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[str, Tuned]:
+        name, _, rest = text.partition("=")
+        micro, plus, flag = rest.partition("+")
+        if name not in TUNED_MICRO_BATCH or not micro.isdigit() or int(micro) < 1 or (plus and flag != "ckpt"):
+            raise ValueError(f"--tuned {text}: give NAME=MICRO or NAME=MICRO+ckpt with NAME one of "
+                             f"{', '.join(TUNED_MICRO_BATCH)}, e.g. stock_tuned=4+ckpt")
+        return name, cls(int(micro), bool(plus))
+
+
+def tuned_setting(name: str, tuned: dict[str, Tuned] | None) -> Tuned:
+    return (tuned or {}).get(name) or Tuned(TUNED_MICRO_BATCH[name])
+
+
+def tuned_accumulation(name: str, global_batch: int, gpus: int, tuned: dict[str, Tuned] | None = None) -> int:
     """Gradient accumulation of a `*_tuned` baseline at its micro batch for the recipe's global batch."""
-    micro = TUNED_MICRO_BATCH[name]
+    micro = tuned_setting(name, tuned).micro
     if global_batch % (micro * gpus):
         raise ValueError(f"{name} runs micro batch {micro} on {gpus} ranks: the global batch {global_batch} is not a "
                          f"multiple of {micro * gpus}; pick --per_device_train_batch_size/--gradient_accumulation_steps "
@@ -80,12 +103,18 @@ def tuned_accumulation(name: str, global_batch: int, gpus: int) -> int:
     return global_batch // (micro * gpus)
 
 
-def _tuned(name: str, global_batch: int, gpus: int) -> Variant:
-    batch = ["--per_device_train_batch_size", str(TUNED_MICRO_BATCH[name]),
-             "--gradient_accumulation_steps", str(tuned_accumulation(name, global_batch, gpus)),
-             "--gradient_checkpointing", "false", "--use_liger_kernel", "false", "--optim", "adamw_torch_fused"]
+def _tuned(name: str, global_batch: int, gpus: int, tuned: dict[str, Tuned] | None = None) -> Variant:
+    setting = tuned_setting(name, tuned)
+    # FSDP2 checkpoints through its own config (the Trainer's flag and FSDP's would recompute twice)
+    ckpt = setting.checkpointing and name != "fsdp2_tuned"
+    batch = ["--per_device_train_batch_size", str(setting.micro),
+             "--gradient_accumulation_steps", str(tuned_accumulation(name, global_batch, gpus, tuned)),
+             "--gradient_checkpointing", "true" if ckpt else "false", "--use_liger_kernel", "false",
+             "--optim", "adamw_torch_fused"]
+    if ckpt:
+        batch += ["--gradient_checkpointing_kwargs", '{"use_reentrant": false}']
     if name == "fsdp2_tuned":
-        fsdp = {**FSDP2_CONFIG, "activation_checkpointing": False}
+        fsdp = {**FSDP2_CONFIG, "activation_checkpointing": setting.checkpointing}
         return Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
                                           "--fsdp_config", json.dumps(fsdp), *batch])
     config = copy.deepcopy(STOCK_ZERO2 if name == "zero2_tuned" else STOCK_ZERO3)
@@ -95,7 +124,8 @@ def _tuned(name: str, global_batch: int, gpus: int) -> Variant:
 
 
 def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool, *, global_batch: int = 0,
-                   gpus: int = 2, others: dict[str, Path] | None = None) -> list[Variant]:
+                   gpus: int = 2, others: dict[str, Path] | None = None,
+                   tuned: dict[str, Tuned] | None = None) -> list[Variant]:
     """`ours` (the recipe as it is), other recipe folders run the same way, then the requested baselines."""
     ours_config = json.loads((recipe_dir / "ds_config.json").read_text())
     variants = [Variant("ours", "deepspeed", ds_config=ours_config)]
@@ -106,7 +136,7 @@ def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}: choose from {', '.join(BASELINES)}")
         if name in TUNED_MICRO_BATCH:
-            variants.append(_tuned(name, global_batch, gpus))
+            variants.append(_tuned(name, global_batch, gpus, tuned))
             continue
         if name == "fsdp2":
             variants.append(Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
@@ -320,7 +350,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
               resume: bool = False, run_timeout: float = 0, suffix: str = "",
-              only: frozenset[str] = frozenset()) -> tuple[Path, dict[str, str]]:
+              only: frozenset[str] = frozenset(), tuned: dict[str, Tuned] | None = None) -> tuple[Path, dict[str, str]]:
     """Run every variant `repeats` times (interleaved; with `only`, just those variants) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
     into out_dir; returns the .md and the variants whose last run failed (name -> error).
 
@@ -331,7 +361,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
 
     on_gpu = cuda_available()
     variants = build_variants(recipe_dir, against, breakdown, on_gpu, global_batch=global_batch, gpus=gpus,
-                              others=others)
+                              others=others, tuned=tuned)
     work_dir.mkdir(parents=True, exist_ok=True)
     state_path = work_dir / "bench_state.json"
     state = json.loads(state_path.read_text()) if resume and state_path.exists() else {}

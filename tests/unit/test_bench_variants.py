@@ -88,3 +88,38 @@ def test_a_scratch_run_folder_is_emptied_only_when_the_bench_made_it(tmp_path):
     with pytest.raises(ValueError, match="was not left by hf-zero3.*pass another --work-dir"):
         scratch_run_dir(theirs)
     assert (theirs / "checkpoint-100").is_dir()
+
+
+def test_tuned_settings_for_a_model_the_8b_defaults_do_not_fit():
+    """13b on 2 x H200: stock ZeRO-3 fits only with checkpointing (micro 4 planned), so `--tuned stock_tuned=4+ckpt`."""
+    from hf_zero3.ops.bench import Tuned
+
+    tuned = dict(Tuned.parse(t) for t in ("stock_tuned=4+ckpt", "fsdp2_tuned=2+ckpt"))
+    variants = {v.name: v for v in build_variants(RECIPE, ["stock_tuned", "fsdp2_tuned", "zero2_tuned"], False, True,
+                                                   global_batch=16, gpus=2, tuned=tuned)}
+    stock, fsdp2, zero2 = variants["stock_tuned"], variants["fsdp2_tuned"], variants["zero2_tuned"]
+    assert _value(stock.overrides, "--per_device_train_batch_size") == "4"
+    assert _value(stock.overrides, "--gradient_accumulation_steps") == "2"
+    assert _value(stock.overrides, "--gradient_checkpointing") == "true"
+    assert json.loads(_value(stock.overrides, "--gradient_checkpointing_kwargs")) == {"use_reentrant": False}
+    # FSDP2 recomputes through its own config, never twice through the Trainer's flag too
+    assert json.loads(_value(fsdp2.overrides, "--fsdp_config"))["activation_checkpointing"] is True
+    assert _value(fsdp2.overrides, "--gradient_checkpointing") == "false"
+    assert _value(zero2.overrides, "--per_device_train_batch_size") == str(TUNED_MICRO_BATCH["zero2_tuned"])
+
+
+@pytest.mark.parametrize("bad", ["stock=4", "stock_tuned=0", "stock_tuned=four", "stock_tuned=4+offload"])
+def test_a_bad_tuned_setting_names_the_form(bad):
+    from hf_zero3.ops.bench import Tuned
+
+    with pytest.raises(ValueError, match=r"NAME=MICRO or NAME=MICRO\+ckpt"):
+        Tuned.parse(bad)
+
+
+def test_bench_refuses_tuned_settings_for_a_baseline_it_does_not_run(capsys):
+    from hf_zero3.cli import main
+
+    assert main(["bench", "tiny", "--against", "stock", "--tuned", "stock_tuned=2"]) == 2
+    assert "--tuned sets ['stock_tuned'], which --against does not run" in capsys.readouterr().err
+    assert main(["bench", "tiny", "--against", "stock_tuned", "--tuned", "stock_tuned=x"]) == 2
+    assert "give NAME=MICRO" in capsys.readouterr().err
