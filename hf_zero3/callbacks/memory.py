@@ -16,10 +16,15 @@ GB = 1024**3
 
 
 def host_memory() -> dict[str, float]:
-    """This process's resident memory and the machine's available RAM, in GiB."""
+    """This process's resident memory now and at its peak so far (a transient at start-up, e.g. a model copy while
+    loading, shows only there), and the machine's available RAM, in GiB."""
+    import resource
+
     import psutil
 
-    return {"host_rss_gb": psutil.Process(os.getpid()).memory_info().rss / GB,
+    rss = psutil.Process(os.getpid()).memory_info().rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; the kernel updates it lazily
+    return {"host_rss_gb": rss / GB, "host_peak_rss_gb": max(rss, peak) / GB,
             "host_available_gb": psutil.virtual_memory().available / GB}
 
 

@@ -182,7 +182,8 @@ def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
 
     summary = {key: median(key) for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s",
                                              "ds_fwd_ms", "ds_bwd_ms", "ds_step_ms")}
-    summary.update({key: peak(key) for key in ("gpu_peak_allocated_gb", "gpu_peak_reserved_gb", "host_rss_gb")})
+    summary.update({key: peak(key) for key in ("gpu_peak_allocated_gb", "gpu_peak_reserved_gb", "host_rss_gb",
+                                               "host_peak_rss_gb")})
     summary["final_loss"] = every[-1]["loss"] if every else None
     summary["steps_measured"] = len(steps)
     return summary
@@ -198,7 +199,7 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         values = [r[key] for r in ok if r.get(key) is not None]
         if not values:
             summary[key] = None
-        elif key.startswith("gpu_peak") or key == "host_rss_gb":
+        elif key.startswith("gpu_peak") or key in ("host_rss_gb", "host_peak_rss_gb"):
             summary[key] = max(values)
         else:
             summary[key] = statistics.median(values)

@@ -66,7 +66,7 @@ def test_every_logging_step_carries_memory_and_throughput(launcher_run):
     steps = [r for r in train_log(out) if "loss" in r]
     assert [r["step"] for r in steps] == list(range(10, 101, 10))
     for r in steps:
-        assert r["host_rss_gb"] > 0.1 and r["host_available_gb"] > 0
+        assert r["host_rss_gb"] > 0.1 and r["host_available_gb"] > 0 and r["host_peak_rss_gb"] >= r["host_rss_gb"]
         assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / 2, rel=1e-3)
         assert r["step_time_s"] > 0 and r["tflops_per_gpu"] > 0
         assert "mfu" not in r  # no GPU peak on CPU
