@@ -16,7 +16,7 @@
 #   RUNGS=zero3,zero3_ckpt                  bash benchmarks/gpu_compare_ladder.sh   # ~6 min
 #   RUNGS=zero3_ckpt_offload_opt            bash benchmarks/gpu_compare_ladder.sh   # ~6-8 min (+1 min cpu_adam JIT build)
 #   RUNGS=zero3_ckpt_offload_all            bash benchmarks/gpu_compare_ladder.sh   # ~7-9 min: may hit RUN_TIMEOUT
-#   RUNGS=zero3_ckpt_nvme                   bash benchmarks/gpu_compare_ladder.sh   # skipped unless libaio is there;
+#   RUNGS=zero3_ckpt_nvme                   bash benchmarks/gpu_compare_ladder.sh   # libaio from .whl/libaio (carry .whl);
 #     NVME_STEPS (default 20) steps only: every step reads and writes the 1.1B model's ~35 GB of offloaded states on
 #     the disk (2.3-2.5 GB/s on the 2 x H200 box: ~15 s per step, so 500 steps would take 2 hours). Its memory and
 #     speed are measured; its loss is compared with DDP's over those 20 steps only.
@@ -30,6 +30,7 @@
 set -uo pipefail
 [ -f .whl/install.sh ] && { source .whl/install.sh || exit 1; }
 export TORCH_CUDA_ARCH_LIST=9.0
+source benchmarks/libaio_env.sh  # the NVMe rung's async_io op builds against .whl/libaio
 OUT=${OUT:-outputs/gpu-compare}
 STEPS=${STEPS:-500}
 RUNGS=${RUNGS:-ddp,ddp_seed2}

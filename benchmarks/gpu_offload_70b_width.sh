@@ -28,14 +28,8 @@ trap 'rm -rf "$NVME_DIR" "$NVME_DIR.owner"' EXIT  # our own swap folder, however
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.md"; }
 
 # --- libaio from .whl/libaio (Debian bookworm packages, unpacked) ---
+source benchmarks/libaio_env.sh
 AIO=/tmp/hfz-libaio
-mkdir -p $AIO/lib $AIO/include
-cp .whl/libaio/usr/include/libaio.h $AIO/include/ 2>/dev/null
-so=$(ls .whl/libaio/usr/lib/x86_64-linux-gnu/libaio.so.1.* 2>/dev/null | head -1)
-if [ -n "$so" ]; then cp -L "$so" $AIO/lib/ && ln -sf "$(basename "$so")" $AIO/lib/libaio.so.1 && ln -sf "$(basename "$so")" $AIO/lib/libaio.so; fi
-export CFLAGS="-I$AIO/include ${CFLAGS:-}" LDFLAGS="-L$AIO/lib ${LDFLAGS:-}"
-export CPATH="$AIO/include${CPATH:+:$CPATH}" LIBRARY_PATH="$AIO/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-export LD_LIBRARY_PATH="$AIO/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log "libaio: $(ls $AIO/lib $AIO/include | tr '\n' ' ')"
 
 # --- the model, the planner's ds_config for p4d.24xlarge, the prediction for this box ---
