@@ -2,7 +2,8 @@
 # Issue 14: the recipes proven on 2 x H200 (run from the repository root on the GPU box; Llama-2 shapes with random
 # weights, seq 4096, bf16). Each proof runs benchmarks/recipe_proof.py: `hf-zero3 bench` of the configuration plus
 # this node's host RAM, written against the planner's prediction to OUT/<name>_proof.json.
-#   PART=a  7b on 1 GPU (AGAINST_7B=stock adds the stock template at the same batch, issue 13 item 5) and 13b on
+#   PART=a  7b on 1 GPU (AGAINST_7B=stock adds the stock template at the same batch, issue 13 item 5;
+#           AGAINST_7B=stock,stock_tuned TUNED_7B=stock_tuned=1 adds stock without checkpointing at micro 1) and 13b on
 #           2 GPUs, each with the planner's choice for that hardware, 20 measured steps
 #           (~5 min incl. start-up)
 #   PART=b  70b layer-scaled: recipe 70b v1's ds_config (ZeRO-3 + optimizer states in host RAM + checkpointing; v2
@@ -11,6 +12,8 @@
 #           skipped once BUDGET_S seconds have passed since the start
 # Usage: PART=a|b|ab bash benchmarks/gpu_recipes_proof.sh OUT_DIR [WORK_DIR]
 set -uo pipefail
+if [ -f .whl/install.sh ]; then source .whl/install.sh; fi  # DeepSpeed, Liger, ... on the GPU box
+export TORCH_CUDA_ARCH_LIST=9.0
 out=${1:?OUT_DIR}
 work=${2:-outputs/proof}
 part=${PART:-ab}
@@ -21,7 +24,8 @@ mkdir -p "$out"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 if [[ $part == *a* ]]; then
-  PROOF_NAME=7b proof $(( ${AGAINST_7B:+2 *} 150 )) --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140 ${AGAINST_7B:+--against $AGAINST_7B}
+  n7=$(( 1 + $(echo "${AGAINST_7B:-}" | tr ',' '\n' | grep -c .) ))  # runs in the 7b proof: ours + each baseline
+  PROOF_NAME=7b proof $(( n7 * 150 )) --recipe 7b --gpus 1 --steps 20 --warmup 3 --run-timeout 140 ${AGAINST_7B:+--against $AGAINST_7B} ${TUNED_7B:+--tuned $TUNED_7B}
   PROOF_NAME=13b proof 240 --recipe 13b --gpus 2 --steps 20 --warmup 2 --run-timeout 230
 fi
 if [[ $part == *b* ]]; then
