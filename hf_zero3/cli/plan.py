@@ -158,6 +158,13 @@ def main(args: argparse.Namespace) -> int:
                   f"optimizer step at {machine.name}'s {machine.nvme_read_gbps:g} GB/s read, "
                   f"{machine.nvme_write_gbps:g} GB/s write (estimates unless measured; raise accumulation to "
                   "spread it)")
+        offload = choice.plan.spec.offload_optimizer if choice.fits else None
+        if offload and offload.device == "cpu" and not offload.pin_memory:
+            print("cost      host buffers not pinned (the pinned variant does not fit the host RAM): every "
+                  "micro-step copies the offloaded gradients to the host from pageable memory, synchronously. "
+                  "Measured: 10.7B on one H200 took 44 s per step where ~10 s was estimated "
+                  "(benchmarks/largest-fit_10b-h200x1_1xH200_2026-11-30.md); where the node's RAM allows, "
+                  "pin_memory: true (its row above gives the host RAM it needs)")
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")

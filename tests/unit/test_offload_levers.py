@@ -197,3 +197,14 @@ def test_host_oom_advice_offers_a_smaller_partial_offload_ratio():
     assert "Next step" in advice and "--offload-ratio 0." in advice, advice
     ratio = float(advice.split("--offload-ratio ")[1].split()[0])
     assert ratio < RECIPE_CONFIGS["20b-h200x2"].offload_optimizer.ratio
+
+
+def test_an_unpinned_choice_says_what_it_costs(capsys):
+    """Unpinned host buffers fit where pinned ones do not, at a measured price: the plan says so next to the choice."""
+    assert main(["plan", "--model", "10b-h200x1", "--hardware", "h200x1", "--headroom", "0.1",
+                 "--global-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "not pinned) + checkpointing: micro batch 1" in out
+    assert "cost      host buffers not pinned" in out and "44 s per step" in out
+    assert main(["plan", "--model", "8b", "--hardware", "h200x2", "--global-batch", "96"]) == 0
+    assert "host buffers not pinned" not in capsys.readouterr().out  # no offload chosen there
