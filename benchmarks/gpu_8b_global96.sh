@@ -20,12 +20,7 @@ out=${1:?OUT_DIR}
 work=${WORK_DIR:-outputs/bench-8b-global96}
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${GPUS:-2} ))}  # CPU Adam of the offload config
-[ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
-from transformers import LlamaConfig
-LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
-PY
+source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 if [ ! -f "$work/bench_state.json" ]; then  # first call: write both recipe variants (later calls reuse them)
   for name in 8b-global96 8b-global96-offload; do
     scratch_dir "outputs/recipes/$name" || exit 2

@@ -22,12 +22,7 @@ MODEL=${MODEL:-outputs/llama3-8b} DS_CONFIG=${DS_CONFIG:-recipes/8b/ds_config.js
 # CPU plumbing check: MODEL=assets/tiny/model DS_CONFIG=recipes/tiny/ds_config.json SEQS=128,256 SEARCH=256,512 \
 #   TRAIN_BLOCK=128 bash benchmarks/gpu_activation_offload.sh /tmp/ao   (with a stub .whl/install.sh)
 (nvidia-smi; free -g; python3 -c "import torch, deepspeed, transformers; print(torch.__version__, torch.version.cuda, deepspeed.__version__, transformers.__version__)"; git rev-parse HEAD) > "$OUT/env.txt" 2>&1
-[ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
-from transformers import LlamaConfig
-LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
-PY
+source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 elapsed() { echo $(( $(date +%s) - start )); }
 port=29611
 for mode in $([ "${SKIP_8B:-0}" = 1 ] || echo checkpointing offload); do

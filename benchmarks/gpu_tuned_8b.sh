@@ -20,12 +20,7 @@ work=${2:-outputs/bench-8b-tuned}
 shift $(( $# < 2 ? $# : 2 ))
 arch=${TORCH_CUDA_ARCH_LIST:-}
 if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
-[ -f outputs/llama3-8b/config.json ] || python3 - <<'PY'
-from transformers import LlamaConfig
-LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained("outputs/llama3-8b")
-PY
+source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 z2_micro=${ZERO2_LIGER_MICRO:-2}
 case $z2_micro in 1|2|3|6) ;; *) echo "ZERO2_LIGER_MICRO must divide 6 (1, 2, 3 or 6), got $z2_micro" >&2; exit 2;; esac
 z2_name=zero2_liger$([ "$z2_micro" = 2 ] || echo "_m$z2_micro")
