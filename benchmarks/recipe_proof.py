@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.memory_probe import HostSampler  # noqa: E402  (node host RAM: MemTotal - MemAvailable)
 from hf_zero3.argtypes import parse_size  # noqa: E402
-from hf_zero3.config.build import build_ds_config, training_args_overrides  # noqa: E402
+from hf_zero3.config.build import build_ds_config  # noqa: E402
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
 from hf_zero3.config.spec import ZeroSpec  # noqa: E402
 from hf_zero3.ops.bench import scratch_run_dir  # noqa: E402

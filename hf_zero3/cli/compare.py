@@ -40,6 +40,7 @@ def add_arguments(verbs) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from hf_zero3.checkpoint.lifecycle import CheckpointError
     from hf_zero3.ops.compare import run_compare, write_report
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.plan.shapes import load_config_shape
@@ -87,7 +88,7 @@ def _compare(args: argparse.Namespace) -> int:
                                      out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=args.overrides,
                                      label=label, meta=meta, nvme_path=args.nvme_path, run_timeout=args.run_timeout,
                                      redo=args.redo, nvme_steps=args.nvme_steps)
-    except ValueError as e:  # a scratch folder that is not ours: left untouched
+    except (ValueError, CheckpointError) as e:  # a scratch or staging folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {report}")

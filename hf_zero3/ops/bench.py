@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import shlex
-import shutil
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -130,11 +129,16 @@ def initial_weights(values: dict[str, Any], work_dir: Path, seed: int) -> tuple[
 
             set_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            from hf_zero3.checkpoint.export import claim_staging, mark_staging, release_staging
+
             tmp = folder.with_name(folder.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
+            claim_staging(tmp)  # removed only if a killed earlier call of ours left it (its owner file says so)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            mark_staging(tmp)
             model.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(values.get("tokenizer_name") or values["config_name"]).save_pretrained(tmp)
             tmp.rename(folder)
+            release_staging(tmp)
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.safetensors")):
         with path.open("rb") as f:

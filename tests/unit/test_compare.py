@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,29 @@ def test_a_rung_with_fewer_steps_says_so_and_its_deviation_covers_only_those():
     records = {"ddp": [{"step": s, "loss": 5.0} for s in (1, 2, 3)], "zero3_ckpt_nvme": [{"step": 1, "loss": 5.5}]}
     row = next(line for line in render_report(summaries, records).splitlines() if "zero3_ckpt_nvme" in line)
     assert row.startswith("| zero3_ckpt_nvme (1 steps: Δloss over those) |") and "5.0e-01" in row
+
+
+def test_initial_weights_replace_only_their_own_leftover_staging_folder(tmp_path):
+    """The from-scratch weights are written to `<name>.tmp` and renamed; a `.tmp` of that name that a killed earlier
+    call left (owner file beside it) is replaced, one that is someone's data stops the compare, untouched."""
+    import hashlib
+
+    from transformers import AutoConfig
+
+    from hf_zero3.checkpoint.lifecycle import CheckpointError
+    from hf_zero3.ops.compare import initial_weights
+
+    root = Path(__file__).resolve().parents[2]
+    values = {"config_name": str(root / "assets/tiny/model"), "tokenizer_name": str(root / "assets/tiny/model")}
+    key = hashlib.sha256(f"{AutoConfig.from_pretrained(values['config_name']).to_json_string()}42".encode()).hexdigest()
+    tmp = tmp_path / f"initial_model_{key[:12]}.tmp"
+    tmp.mkdir()
+    (tmp / "my_notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="was not left by hf-zero3"):
+        initial_weights(values, tmp_path, 42)
+    assert (tmp / "my_notes.txt").read_text() == "mine"
+
+    (tmp_path / f"{tmp.name}.owner").write_text("ours")  # as a killed earlier call leaves it
+    folder, digest = initial_weights(values, tmp_path, 42)
+    assert Path(folder) == tmp.with_name(tmp.stem) and (Path(folder) / "model.safetensors").is_file()
+    assert not tmp.exists() and not (tmp_path / f"{tmp.name}.owner").exists() and len(digest) == 64
