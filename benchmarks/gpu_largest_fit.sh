@@ -2,8 +2,8 @@
 # Issue 15, items 4 and 5: the largest full fine-tune the planner fits on the lent box, run as its recipe ships:
 #   RECIPE=20b-h200x2 GPUS=2 (default): a 20.7B Llama on 2 x H200, partial optimizer offload (ratio 0.5)
 #   RECIPE=10b-h200x1 GPUS=1          : a 10.7B Llama (SOLAR-10.7B's shape) on 1 x H200, ratio 0.4
-# Random weights from the recipe's config_overrides, seq 4096, the recipe's ds_config and batch (ACCUM overrides the
-# accumulation to shorten a step), STEPS (default 20) real optimizer steps. Measures peak GPU memory (allocated, every
+# Random weights from the recipe's config_overrides, seq 4096, the recipe's ds_config and batch (MICRO and ACCUM
+# override the micro batch and the accumulation), STEPS (default 20) real optimizer steps. Measures peak GPU memory (allocated, every
 # rank, from the run's JSONL log), host RAM of the node (MemTotal - MemAvailable, every second, minus its value
 # before the launch), tokens/s/GPU and MFU (the throughput callback), against benchmarks/offload_plan_check.py's
 # prediction for this box. Results in $OUT as they come (summary.md first).
@@ -25,7 +25,7 @@ v = yaml.safe_load(open(sys.argv[1]))
 print(v["per_device_train_batch_size"], v["gradient_accumulation_steps"], v["config_overrides"])
 PY
 )
-accum=${ACCUM:-$accum}
+micro=${MICRO:-$micro} accum=${ACCUM:-$accum}
 log "recipe $RECIPE on $GPUS GPU(s): micro $micro x accumulation $accum, $STEPS steps"
 config="recipes/$RECIPE/ds_config.json"
 if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}" ]; then  # a variant of the recipe's config, written beside the run
@@ -60,7 +60,7 @@ nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv -l 2 > "$O
 smi_pid=$!
 start=$(date +%s)
 NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt --deepspeed "$PWD/$config" \
-  --gradient_accumulation_steps "$accum" --max_steps "$STEPS" --warmup_steps 2 --logging_steps 1 \
+  --per_device_train_batch_size "$micro" --gradient_accumulation_steps "$accum" --max_steps "$STEPS" --warmup_steps 2 --logging_steps 1 \
   --save_strategy no --output_dir "$WORK/run" > "$OUT/train.log" 2>&1
 rc=$?
 kill $host_pid $smi_pid 2>/dev/null
