@@ -59,7 +59,7 @@ host_pid=$!
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv -l 2 > "$OUT/nvidia_smi.csv" 2>&1 &
 smi_pid=$!
 start=$(date +%s)
-NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt --deepspeed "$PWD/$config" \
+NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt --deepspeed "$(realpath "$config")" \
   --per_device_train_batch_size "$micro" --gradient_accumulation_steps "$accum" --max_steps "$STEPS" --warmup_steps 2 --logging_steps 1 \
   --save_strategy no --output_dir "$WORK/run" > "$OUT/train.log" 2>&1
 rc=$?
