@@ -9,7 +9,8 @@
 # prediction for this box. Results in $OUT as they come (summary.md first).
 # Run from the repository root:  bash benchmarks/gpu_largest_fit.sh   (about 7 minutes; CHECK_ONLY=1: no GPU part)
 # Variants of the recipe's ds_config: PIN_MEMORY=true|false (offload_optimizer.pin_memory), BREAKDOWN=1 (DeepSpeed's
-# wall_clock_breakdown timers in train.log). E.g. the 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
+# wall_clock_breakdown timers in train.log), GATHER=true|false (stage3_gather_16bit_weights_on_model_save: the final
+# save_model gathers the 16-bit model into rank 0's host RAM, or writes ZeRO shards). E.g. the 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
 set -uo pipefail
 if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
 RECIPE=${RECIPE:-20b-h200x2} GPUS=${GPUS:-2} STEPS=${STEPS:-20} TIMEOUT=${TIMEOUT:-420}
@@ -28,19 +29,21 @@ PY
 micro=${MICRO:-$micro} accum=${ACCUM:-$accum}
 log "recipe $RECIPE on $GPUS GPU(s): micro $micro x accumulation $accum, $STEPS steps"
 config="recipes/$RECIPE/ds_config.json"
-if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}" ]; then  # a variant of the recipe's config, written beside the run
-  python3 - "$config" "$WORK/ds_config.json" "${PIN_MEMORY:-}" "${BREAKDOWN:-}" <<'PY'
+if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}${GATHER:-}" ]; then  # a variant of the recipe's config, written beside the run
+  python3 - "$config" "$WORK/ds_config.json" "${PIN_MEMORY:-}" "${BREAKDOWN:-}" "${GATHER:-}" <<'PY'
 import json, sys
-src, dst, pin, breakdown = sys.argv[1:]
+src, dst, pin, breakdown, gather = sys.argv[1:]
 config = json.load(open(src))
 if pin:
     config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin == "true"
 if breakdown:
     config["wall_clock_breakdown"] = True
+if gather:
+    config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = gather == "true"
 json.dump(config, open(dst, "w"), indent=2)
 PY
   config="$WORK/ds_config.json"
-  log "ds_config: the recipe's with pin_memory=${PIN_MEMORY:-as shipped}, wall_clock_breakdown=${BREAKDOWN:-as shipped}"
+  log "ds_config: the recipe's with pin_memory=${PIN_MEMORY:-as shipped}, wall_clock_breakdown=${BREAKDOWN:-as shipped}, 16-bit gather on save=${GATHER:-as shipped}"
 fi
 cp "$config" "$OUT/ds_config.json"
 python3 benchmarks/offload_plan_check.py predict --ds-config "$config" --model assets/tiny/model \
