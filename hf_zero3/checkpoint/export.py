@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_zero3.checkpoint.lifecycle import (
+    FINISHED,
     CheckpointError,
     deepspeed_tag_dir,
     is_complete,
@@ -35,7 +36,15 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 """The non-weight files of a plain HF model folder, copied from the checkpoint when present."""
 
 
+def finished_zero_shards(folder: Path) -> bool:
+    """A finished run's output_dir whose final save wrote ZeRO shards (16-bit gathering off): the Trainer's
+    `save_model` put them there after the last step, which may be past the newest checkpoint-N."""
+    return (folder / FINISHED).is_file() and (folder / "latest").is_file()
+
+
 def _require_complete(checkpoint: Path) -> None:
+    if finished_zero_shards(checkpoint):
+        return
     if not is_complete(checkpoint) and (problems := verify_checkpoint(checkpoint)):
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint: {'; '.join(problems[:5])}. "
                               f"{_instead(checkpoint)}")

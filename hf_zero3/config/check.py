@@ -446,11 +446,14 @@ def _zero(config: dict) -> list[Finding]:
                                    _get(config, f"zero_optimization.{which}.nvme_path"))
     findings += _activation_checkpointing(config.get("activation_checkpointing"))
     gather = _get(config, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                  _get(config, "zero_optimization.stage3_gather_fp16_weights_on_model_save", False))
-    if stage == 3 and gather is not True:
-        findings.append(Finding("warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                                "is off: Trainer.save_model() then writes no usable weights, only ZeRO shards "
-                                "(recoverable with zero_to_fp32.py). Set it to true"))
+                  _get(config, "zero_optimization.stage3_gather_fp16_weights_on_model_save", None))
+    if stage == 3 and gather is not True:  # left out (DeepSpeed's default: off) is a warning; set false, a choice
+        level = "info" if gather is False else "warning"
+        findings.append(Finding(level, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "is off: Trainer.save_model() then writes no usable weights, only ZeRO shards; "
+                                "`hf-zero3 export <checkpoint-N or finished output_dir> OUT` writes the Hugging Face "
+                                "folder. Set it to true unless rank 0's host RAM cannot hold a 16-bit copy of the "
+                                "whole model at each save (`hf-zero3 plan` counts it)"))
     return findings
 
 

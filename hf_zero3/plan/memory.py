@@ -294,6 +294,8 @@ def describe(spec: ZeroSpec) -> str:
         text += " + checkpointing"
     if spec.activation_offload:
         text += " + activation offload"
+    if spec.stage == 3 and not spec.gather_16bit_weights_on_save:
+        text += " + saves ZeRO shards"
     return text
 
 
@@ -522,6 +524,11 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         "overhead", False)
     # Host RAM per node beyond offloaded states.
     add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
+    if stage == 3 and spec.gather_16bit_weights_on_save:
+        terms.append(Term("16-bit model gathered on rank 0 to save", "host", b * P,
+                          f"{b} B x {_count(P)} at every save (checkpoints, the final model): "
+                          "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
+                          "1 x H200: +20.2 GiB for 20.0)", "buffer"))
     loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
     add("host", "loading weights", load_b * loading, f"{load_b} B x {_count(loading)}"
         + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
@@ -568,9 +575,10 @@ def _offload_level(spec: ZeroSpec) -> tuple[float, float]:
 
 def tier_key(p: Plan) -> tuple:
     """The memory tier: less offload, then no recomputation, then activations kept on the GPU, then pinned host
-    buffers (faster copies); within a tier, measured speed decides (`plan.speed`)."""
+    buffers (faster copies), then saves that gather a loadable 16-bit model (without: ZeRO shards, which
+    `hf-zero3 export` turns into one after training); within a tier, measured speed decides (`plan.speed`)."""
     return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.activation_offload,
-            not p.spec.offload_optimizer.pin_memory)
+            not p.spec.offload_optimizer.pin_memory, not p.spec.gather_16bit_weights_on_save)
 
 
 def cost_key(p: Plan) -> tuple:
@@ -610,10 +618,13 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
             if kept == 0 or key in kept_seen:
                 continue
             kept_seen.add(key)
-        for checkpointing, offload in ((False, False), (True, False), (True, True)):
+        gathers = (True, False) if rung.stage == 3 else (True,)
+        for checkpointing, offload, gather in itertools.product((False, True), (False, True), gathers):
+            if offload and not checkpointing:
+                continue
             for micro, accum in micro_batches(hardware, global_batch, micro_batch):
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
-                                   "activation_offload": offload,
+                                   "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
                 plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes, liger),

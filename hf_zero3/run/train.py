@@ -613,7 +613,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
-    from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, write_finished
+    from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, weights_gathered, write_finished
     from hf_zero3.run.data import build_datasets
 
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
@@ -681,7 +681,12 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs})
         newest = newest_complete(out)
-        if training_args.save_final_model:
+        if training_args.save_final_model and not weights_gathered(trainer.args.hf_deepspeed_config.config
+                                                                   if trainer.args.deepspeed else None):
+            print(f"hf_zero3: final model: ZeRO shards in {out} (stage3_gather_16bit_weights_on_model_save is off, "
+                  f"which keeps a 16-bit copy of the model out of rank 0's host RAM); a Hugging Face folder: "
+                  f"hf-zero3 export {out} {out}-hf", flush=True)
+        elif training_args.save_final_model:
             print(f"hf_zero3: final model: {out}", flush=True)
         if newest:
             print(f"hf_zero3: last checkpoint: {newest}", flush=True)

@@ -109,6 +109,11 @@ def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
     assert proc.returncode == 0, explain(proc)
     checkpoint = out / "checkpoint-3"
     assert (checkpoint / "hf_zero3_complete.json").is_file()
+    if not RECIPE_CONFIGS[name].gather_16bit_weights_on_save:  # ZeRO shards only: export makes the HF folder
+        assert not (checkpoint / "model.safetensors").exists()
+        exported = run(["hf-zero3", "export", checkpoint, out.parent / f"{name}-export", "--dtype", "fp32"])
+        assert exported.returncode == 0, explain(exported)
+        checkpoint = out.parent / f"{name}-export"
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     assert sum(p.numel() for p in model.parameters()) == params
     batch = torch.arange(64).reshape(2, 32)
@@ -142,7 +147,7 @@ def test_make_plan_70b_on_a_machine_without_gpus():
     assert "/local_nvme does not exist on this machine" in out and "1 finding(s) for world size 8" in out
     assert "hardware  1 node(s) x 8 GPUs x 42.3 GB; host RAM 1,237.0 GB/node; NVMe 8,000.0 GB free at /local_nvme" in out
     assert ("recipe    70b: ZeRO-3 + offload optimizer (nvme) + checkpointing, micro batch 1: 36.6 GB per GPU, "
-            "361.1 GB host RAM per node: fits (the planner's choice)") in out
+            "505.9 GB host RAM per node: fits (the planner's choice)") in out
 
 
 def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
@@ -152,7 +157,7 @@ def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
     assert not (tmp_path / "hosts").exists()  # a dry run writes nothing
     assert (f"deepspeed --hostfile={tmp_path / 'hosts'} --num_nodes=2 --num_gpus=4 --master_port=29500 train.py "
             "recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json") in proc.stdout
-    assert "36.6 GB per GPU, 180.5 GB host RAM per node: fits" in proc.stdout
+    assert "36.6 GB per GPU, 325.4 GB host RAM per node: fits" in proc.stdout
 
 
 def test_make_plan_fails_when_the_recipe_does_not_fit_the_gpus_asked_for():

@@ -112,7 +112,7 @@ def test_bridge_fills_every_auto_and_deepspeed_accepts_the_result(name, tmp_path
         assert ds.bfloat16_config.enabled == (precision == "bf16")
         assert ds.float16_config.enabled == (precision == "fp16")
         if spec.stage == 3:
-            assert ds.zero_config.gather_16bit_weights_on_model_save is True
+            assert ds.zero_config.gather_16bit_weights_on_model_save is spec.gather_16bit_weights_on_save
             assert ds.zero_config.overlap_comm is True and ds.zero_config.contiguous_gradients is True
     finally:
         unset_hf_deepspeed_config()
