@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         values = sorted(r[key] for r in steps if r.get(key) is not None)
         return values[len(values) // 2] if values else None
 
+    # `hf-zero3 bench` saves nothing: its host RAM is compared with the plan without a save's 16-bit gather
+    no_save = plan(planned.shape, planned.hardware, planned.training,
+                   planned.spec.model_copy(update={"gather_16bit_weights_on_save": False}))
     result = {
         "name": name, "recipe": args.recipe, "recipe_version": recipe.version if hasattr(recipe, "version") else None,
         "how": how, "exit": code, "wall_s": round(time.time() - started, 1),
@@ -177,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
                      "offload_optimizer": planned.spec.offload_optimizer.device,
                      "offload_param": planned.spec.offload_param.device},
         "planned_gpu_allocated_bytes": planned.gpu_allocated_bytes, "planned_gpu_bytes": planned.gpu_bytes,
-        "planned_host_bytes": planned.host_bytes,
+        "planned_host_bytes": no_save.host_bytes,
         "measured_gpu_peak_allocated_bytes": measured_gpu, "measured_host_peak_minus_start_bytes": host_peak,
         "host_near_peak": {"at_s": host["peak_at_s"], **host["near_peak"]},
         "gpu_ratio": measured_gpu / planned.gpu_allocated_bytes if measured_gpu else None,
-        "host_ratio": host_peak / planned.host_bytes if planned.host_bytes else None,
+        "host_ratio": host_peak / no_save.host_bytes if no_save.host_bytes else None,
         "tokens_per_s_per_gpu": median("tokens_per_s_per_gpu"), "mfu": median("mfu"),
         "step_time_s": median("step_time_s"), "ds_step_ms": median("ds_step_ms"), "ds_fwd_ms": median("ds_fwd_ms"),
         "ds_bwd_ms": median("ds_bwd_ms"), "steps_measured": len(steps), "command": cmd,

@@ -38,6 +38,9 @@ HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
 HOST_MARGIN = 0.05
+STARTUP_RANK_BYTES = 1_280_000_000
+"""A rank's host memory at rest before its first step (CUDA, torch, DeepSpeed loaded): 13.74 GiB at the 7b's start-up
+peak less its 12.55 GiB of 16-bit partitions (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md)."""
 """Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
@@ -164,9 +167,10 @@ class Term:
     """state: params, grads, master weights, optimizer (what DeepSpeed's estimator models); the rest are not."""
     allocator: bool = True
     """GPU terms only: False for memory `torch.cuda.max_memory_allocated` does not count."""
-    phase: Literal["always", "backward", "step"] = "always"
-    """GPU terms only: "always" is held throughout; "backward" (activations, gathered parameters) and "step"
-    (the optimizer step's fp32 gradients) never coexist, so the peak is always + the larger of the two."""
+    phase: Literal["always", "backward", "step", "startup"] = "always"
+    """GPU terms: "always" is held throughout; "backward" (activations, gathered parameters) and "step" (the optimizer
+    step's fp32 gradients) never coexist, so the peak is always + the larger of the two. Host terms: "always", or
+    "startup" (before the first step, when no offloaded state exists yet): the host peak is the larger sum."""
 
 
 @dataclass(frozen=True)
@@ -181,10 +185,16 @@ class Plan:
     notes: tuple[str, ...] = ()
 
     def total(self, where: str) -> int:
-        """Bytes needed at `where`; on the GPU, at the peak: only the larger phase counts (`phase_total`)."""
+        """Bytes needed at `where`; on the GPU, at the peak: only the larger phase counts (`phase_total`); on the
+        host, the larger of start-up and the rest of the run."""
+        if where == "host":
+            return max(self.host_phase_total("always"), self.host_phase_total("startup"))
         if where != "gpu":
             return sum(t.bytes for t in self.terms if t.where == where)
         return self.gpu_allocated_bytes + sum(t.bytes for t in self.terms if t.where == "gpu" and not t.allocator)
+
+    def host_phase_total(self, phase: str) -> int:
+        return sum(t.bytes for t in self.terms if t.where == "host" and t.phase == phase)
 
     def phase_total(self, phase: str) -> int:
         """Allocator-visible GPU bytes of one phase ("always", "backward" or "step")."""
@@ -534,6 +544,15 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
     host = sum(x.bytes for x in terms if x.where == "host")
     terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))
+    if stage == 3 and prm == "none":  # before the first step, while no offloaded state exists yet
+        terms.append(Term("start-up: ranks at rest", "host", g * STARTUP_RANK_BYTES,
+                          f"{gb(STARTUP_RANK_BYTES)} x {g} GPUs/node (measured: the 7b's rank beside its copy below)",
+                          "overhead", phase="startup"))
+        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * part,
+                          f"{b} B x {shard(part)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
+                          "flat 16-bit buffer through a host tensor (`defragment`, runtime/zero/utils.py); measured "
+                          "on 1 x H200: 13.74 GiB held by the 7b's rank for 12.55 GiB of partitions", "buffer",
+                          phase="startup"))
     if spec.precision == "auto":
         notes.append('precision "auto" is planned as bf16')
     if training.seq_len > shape.max_positions:

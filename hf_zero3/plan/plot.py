@@ -19,7 +19,9 @@ def gpu_terms(plan) -> list:
 
 
 def host_terms(plan) -> list:
-    return [t for t in plan.terms if t.where == "host" and t.bytes > 0]
+    """The host terms of the phase at which the host peaks: start-up (before any offloaded state exists) or the rest."""
+    phase = "startup" if plan.host_phase_total("startup") > plan.host_phase_total("always") else "always"
+    return [t for t in plan.terms if t.where == "host" and t.bytes > 0 and t.phase == phase]
 
 
 def plot_plan(path: str | Path, plans: list, title: str) -> bool:

@@ -26,13 +26,14 @@ def rows(choice) -> list:
     return list(rows.values())
 
 
-PHASE_TAGS = {"always": "", "backward": " [backward]", "step": " [optimizer step]"}
+PHASE_TAGS = {"always": "", "backward": " [backward]", "step": " [optimizer step]", "startup": " [start-up]"}
 """GPU terms of one phase never coexist with the other's: the total counts the larger phase only."""
 
 
 def terms_json(plan) -> dict:
     return {where: [{"name": t.name, "bytes": t.bytes, "formula": t.formula, "kind": t.kind,
-                     **({"allocator": t.allocator, "phase": t.phase} if where == "gpu" else {})} for t in terms]
+                     **({"allocator": t.allocator, "phase": t.phase} if where == "gpu" else
+                        {"phase": t.phase} if where == "host" else {})} for t in terms]
             for where, terms in plan.breakdown.items()}
 
 
@@ -100,12 +101,15 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
         out("")
         out(f"{title + (f' (of {gb(limit)})' if limit else ''):54} {'GB':>9}  formula")
         for term in terms:
-            name = term.name + PHASE_TAGS[term.phase] if where == "gpu" else term.name
+            name = term.name + PHASE_TAGS[term.phase] if where in ("gpu", "host") else term.name
             out(f"  {name:52} {term.bytes / 1e9:9.2f}  {term.formula}")
         extra = ""
         if where == "gpu":
             extra = (f"  held throughout + the {PHASE_TAGS[shown.peak_phase].strip()} terms (the larger phase); "
                      f"torch.cuda.max_memory_allocated predicted: {gb(shown.gpu_allocated_bytes)}")
+        elif where == "host" and shown.host_phase_total("startup"):
+            extra = (f"  the larger of the [start-up] terms ({gb(shown.host_phase_total('startup'))}) and the rest "
+                     f"({gb(shown.host_phase_total('always'))})")
         out(f"  {'total':52} {shown.total(where) / 1e9:9.2f}{extra}")
 
 

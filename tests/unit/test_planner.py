@@ -383,3 +383,40 @@ def test_oom_advice_for_run_reads_what_train_py_holds(monkeypatch):
     advice = oom_advice_for_run(config, args, 4096)
     assert (seen["nodes"], seen["gpus_per_node"]) == (1, 8)
     assert advice.endswith("--gradient_checkpointing true")
+
+
+def test_a_gathering_save_holds_the_16bit_model_on_the_first_node_and_shards_are_the_lever():
+    """Measured on 1 x H200 (benchmarks/largest-fit_10b-h200x1_1xH200_2026-12-01.md): a ZeRO-3 save with 16-bit
+    gathering adds 2 B x P to rank 0's host RAM on top of everything else; saves that write ZeRO shards add nothing,
+    and the chooser takes them only where gathering does not fit."""
+    shape, training = load_shape("10b-h200x1"), Training(4096, 1, 8)
+    spec = ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4, pin_memory=False),
+                    activation_checkpointing=True)
+    hw = _gpus(1, 1, mem=150 * GB)
+    gathered = plan(shape, hw, training, spec)
+    shards = plan(shape, hw, training, spec.model_copy(update={"gather_16bit_weights_on_save": False}))
+    save = next(t for t in gathered.terms if t.name.startswith("16-bit model gathered"))
+    assert save.bytes == 2 * shape.params and save.where == "host"
+    assert gathered.host_bytes == pytest.approx(shards.host_bytes + 1.05 * 2 * shape.params, rel=1e-9)
+    assert shards.label.endswith("+ saves ZeRO shards") and "shards" not in gathered.label
+    roomy = choose(shape, _gpus(1, 1, mem=150 * GB, host=10**12), 4096, global_batch=8).plan
+    tight = choose(shape, _gpus(1, 1, mem=150 * GB, host=int(0.9 * 134.2 * GB)), 4096, global_batch=8).plan
+    assert roomy.spec.gather_16bit_weights_on_save and not tight.spec.gather_16bit_weights_on_save
+    assert tight.spec.offload_optimizer.ratio == 0.4  # the same offload: shards before more offload
+
+
+def test_zero3_start_up_packs_the_16bit_partitions_through_host_memory_a_maximum_not_a_sum():
+    """Measured (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md): without parameter offload, DeepSpeed builds each
+    rank's flat 16-bit buffer through host memory before the first step, when no offloaded state exists yet."""
+    shape, hw = load_shape("7b"), _gpus(1, 1, mem=141 * GB)
+    no_save = ZeroSpec(stage=3, precision="bf16", gather_16bit_weights_on_save=False)
+    alone = plan(shape, hw, Training(4096), no_save)
+    startup = alone.host_phase_total("startup")
+    assert startup == planner.STARTUP_RANK_BYTES + 2 * shape.params
+    assert alone.host_bytes == startup > alone.host_phase_total("always")
+    offloaded = plan(shape, hw, Training(4096), no_save.model_copy(
+        update={"offload_optimizer": OptimizerOffload(device="cpu")}))
+    assert offloaded.host_bytes == offloaded.host_phase_total("always") > offloaded.host_phase_total("startup")
+    params_off = plan(shape, hw, Training(4096), no_save.model_copy(
+        update={"offload_param": ParamOffload(device="cpu"), "offload_optimizer": OptimizerOffload(device="cpu")}))
+    assert params_off.host_phase_total("startup") == 0  # with parameter offload DeepSpeed skips that packing
