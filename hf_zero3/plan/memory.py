@@ -38,10 +38,10 @@ HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
 HOST_MARGIN = 0.05
+"""Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 STARTUP_RANK_BYTES = 1_280_000_000
 """A rank's host memory at rest before its first step (CUDA, torch, DeepSpeed loaded): 13.74 GiB at the 7b's start-up
 peak less its 12.55 GiB of 16-bit partitions (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md)."""
-"""Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
