@@ -15,6 +15,8 @@ from hf_zero3.checkpoint.hub import check_repo_id
 from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir, is_complete
 
 STAGING_PREFIX = ".hub-export-"
+STAGING_OWNER = "hf_zero3_staging"
+"""Written into each staging folder as it is made: only folders holding it are ours to remove after a killed run."""
 """Staging folders in output_dir: `.hub-export-XXXX/source/RUN/checkpoint-N` (the hard-link snapshot) and
 `.hub-export-XXXX/checkpoint-N` (the export that is uploaded). Not named `checkpoint-*`: rotation, resume and
 the guard's disk check never count them."""
@@ -95,7 +97,11 @@ class HubPushCallback(TrainerCallback):
                                   "training_args.bin of every checkpoint: remove it and provide the token with "
                                   "HF_TOKEN or `hf auth login`")
         for stale in Path(args.output_dir).glob(f"{STAGING_PREFIX}*") if state.is_world_process_zero else []:
-            shutil.rmtree(stale, ignore_errors=True)  # an export left behind by a run that was killed
+            if (stale / STAGING_OWNER).is_file():
+                shutil.rmtree(stale, ignore_errors=True)  # an export left behind by a run that was killed
+            else:
+                say(f"hf_zero3: {stale} looks like a push staging folder but was not made by hf-zero3 (no "
+                    f"{STAGING_OWNER} in it): left in place")
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save and state.is_world_process_zero:
@@ -126,6 +132,7 @@ class HubPushCallback(TrainerCallback):
             return
         busy = self._worker is not None and self._worker.is_alive()
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=STAGING_PREFIX))
+        (staging / STAGING_OWNER).write_text("hf-zero3 push staging: removed when its push ends\n")
         source = self._snapshot(folder, staging)
         if busy:
             say(f"hf_zero3: the previous push is still running; {folder.name} is not pushed now (the end of "

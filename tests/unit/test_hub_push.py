@@ -14,7 +14,7 @@ import torch
 
 import hf_zero3.checkpoint.export
 import hf_zero3.checkpoint.hub
-from hf_zero3.callbacks.hub_push import STAGING_PREFIX, HubPushCallback, snapshot_checkpoint
+from hf_zero3.callbacks.hub_push import STAGING_OWNER, STAGING_PREFIX, HubPushCallback, snapshot_checkpoint
 from hf_zero3.checkpoint import lifecycle as ckpt
 from tests.conftest import make_checkpoint, master_weights
 
@@ -198,12 +198,17 @@ def test_a_save_into_a_snapshotted_folder_lets_go_of_the_snapshot_first(run, upl
     assert [u["name"] for u in uploads] == ["checkpoint-2"] and _staging(out) == []
 
 
-def test_stale_staging_folders_from_a_killed_run_are_removed_at_train_begin(run):
+def test_stale_staging_folders_from_a_killed_run_are_removed_at_train_begin(run, capsys):
     out, args, state, control = run
     folder = make_checkpoint(out, 2)
     snapshot_checkpoint(folder, out / f"{STAGING_PREFIX}killed" / "source" / "run" / "checkpoint-2")
+    (out / f"{STAGING_PREFIX}killed" / STAGING_OWNER).write_text("")
+    users = out / f"{STAGING_PREFIX}notes"  # a folder of that name without our owner file is someone's data
+    users.mkdir()
+    (users / "keep.txt").write_text("mine")
     HubPushCallback("org/name").on_train_begin(args, state, control)
-    assert _staging(out) == [] and ckpt.is_complete(folder)  # the links went, the checkpoint stays whole
+    assert _staging(out) == [users] and ckpt.is_complete(folder)  # the links went, the checkpoint stays whole
+    assert (users / "keep.txt").read_text() == "mine" and "left in place" in capsys.readouterr().out
 
 
 def test_the_end_of_training_does_not_wait_for_pushes_on_the_training_path(run, uploads, held_export):
