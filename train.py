@@ -1,5 +1,6 @@
 """The seed's `deepspeed ... train.py --deepspeed ds_config.json`: runs `hf-zero3 train` (hf_zero3/train.py)."""
+from hf_zero3.run.distributed import exit_process
 from hf_zero3.run.train import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())  # a finished run exits with its code, not a teardown abort (see exit_process)

@@ -3,9 +3,8 @@
 The run itself is `hf_zero3.run.train`; `hf-zero3 train` is the same.
 """
 
-import sys
-
+from hf_zero3.run.distributed import exit_process
 from hf_zero3.run.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # a finished run exits with its code, not a teardown abort (see exit_process)

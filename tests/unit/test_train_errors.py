@@ -281,3 +281,25 @@ def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
                            "--output_dir", tmp_path / "o")
     assert "error: bad arguments: sometimes is not a valid IntervalStrategy, please select one of ['no', 'steps', 'epoch']" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_the_code(tmp_path):
+    """The entry scripts end with `exit_process`: a thread still writing (a Hub push) finishes, atexit functions run,
+    buffered output is flushed, and the code is the run's, whatever the C++ teardown would have done."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "written"
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from hf_zero3.run.distributed import exit_process\n"
+        f"t = threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('ok')))\n"
+        "t.start()\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "exit_process(3)\n"
+        "print('never')\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert done.read_text() == "ok"
+    assert proc.stdout == "buffered, no newlineatexit ran\n"
