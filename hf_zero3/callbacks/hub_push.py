@@ -15,11 +15,11 @@ from hf_zero3.checkpoint.hub import check_repo_id
 from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir, is_complete
 
 STAGING_PREFIX = ".hub-export-"
-STAGING_OWNER = "hf_zero3_staging"
-"""Written into each staging folder as it is made: only folders holding it are ours to remove after a killed run."""
 """Staging folders in output_dir: `.hub-export-XXXX/source/RUN/checkpoint-N` (the hard-link snapshot) and
 `.hub-export-XXXX/checkpoint-N` (the export that is uploaded). Not named `checkpoint-*`: rotation, resume and
 the guard's disk check never count them."""
+STAGING_OWNER = "hf_zero3_staging"
+"""Written into each staging folder as it is made: only folders holding it are ours to remove after a killed run."""
 
 
 def snapshot_checkpoint(folder: str | os.PathLike, into: str | os.PathLike) -> Path:
@@ -100,8 +100,9 @@ class HubPushCallback(TrainerCallback):
             if (stale / STAGING_OWNER).is_file():
                 shutil.rmtree(stale, ignore_errors=True)  # an export left behind by a run that was killed
             else:
-                say(f"hf_zero3: {stale} looks like a push staging folder but was not made by hf-zero3 (no "
-                    f"{STAGING_OWNER} in it): left in place")
+                say(f"hf_zero3: {stale} looks like a push staging folder but has no {STAGING_OWNER} file (not made "
+                    "by this hf-zero3, or by one older than the owner file): left in place; if it is a leftover "
+                    "push, delete it yourself: its hard links keep deleted checkpoints' disk space in use")
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save and state.is_world_process_zero:

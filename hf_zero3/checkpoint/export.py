@@ -38,8 +38,13 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 
 def finished_zero_shards(folder: Path) -> bool:
     """A finished run's output_dir whose final save wrote ZeRO shards (16-bit gathering off): the Trainer's
-    `save_model` put them there after the last step, which may be past the newest checkpoint-N."""
-    return (folder / FINISHED).is_file() and (folder / "latest").is_file()
+    `save_model` put them there after the last step, which may be past the newest checkpoint-N. The finished record
+    names them; a `latest` left by an earlier run in the same folder does not count."""
+    try:
+        record = json.loads((folder / FINISHED).read_text())
+        return bool(record.get("zero_shards")) and record["zero_shards"] == (folder / "latest").read_text().strip()
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _require_complete(checkpoint: Path) -> None:

@@ -92,7 +92,8 @@ def hash_files(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1
 def weights_gathered(ds_config: dict | None) -> bool:
     """Whether a save writes full 16-bit weights: always, unless ZeRO-3 runs with 16-bit gathering off."""
     zero = (ds_config or {}).get("zero_optimization", {})
-    return zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save"))
+    return zero.get("stage") != 3 or bool(zero.get("stage3_gather_16bit_weights_on_model_save",
+                                                   zero.get("stage3_gather_fp16_weights_on_model_save")))
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:

@@ -695,8 +695,10 @@ def _with_offload_hint(best: Plan, tried: list[Plan]) -> Plan:
     """The chosen plan, with a note when activation offload would let a larger micro batch fit the same option."""
     if best.spec.activation_offload or not best.spec.activation_checkpointing:
         return best
-    same = lambda p: (p.spec.stage, p.spec.offload_optimizer, p.spec.offload_param) == (
-        best.spec.stage, best.spec.offload_optimizer, best.spec.offload_param)
+    same = lambda p: (p.spec.stage, p.spec.offload_optimizer, p.spec.offload_param,
+                      p.spec.gather_16bit_weights_on_save) == (best.spec.stage, best.spec.offload_optimizer,
+                                                               best.spec.offload_param,
+                                                               best.spec.gather_16bit_weights_on_save)
     larger = [p for p in tried if p.spec.activation_offload and same(p) and p.fits and not p.tight
               and p.training.micro_batch > best.training.micro_batch]
     if not larger:

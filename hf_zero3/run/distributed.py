@@ -159,9 +159,7 @@ def exit_process(code: int) -> None:
     while Python shuts down, and the launcher then reports a finished run as failed. Everything a normal exit does
     for Python still happens first: non-daemon threads (a Hub push, a log writer) are joined, atexit functions run
     and standard streams are flushed; only the static destructors are skipped."""
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what Python's own exit does: wakes idle executor workers, joins non-daemon threads
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

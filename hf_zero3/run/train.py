@@ -678,11 +678,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
+        shards = training_args.save_final_model and not weights_gathered(
+            trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None)
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
-                             "num_train_epochs": training_args.num_train_epochs})
+                             "num_train_epochs": training_args.num_train_epochs,
+                             **({"zero_shards": (out / "latest").read_text().strip()} if shards else {})})
         newest = newest_complete(out)
-        if training_args.save_final_model and not weights_gathered(trainer.args.hf_deepspeed_config.config
-                                                                   if trainer.args.deepspeed else None):
+        if shards:
             print(f"hf_zero3: final model: ZeRO shards in {out} (stage3_gather_16bit_weights_on_model_save is off, "
                   f"which keeps a 16-bit copy of the model out of rank 0's host RAM); a Hugging Face folder: "
                   f"hf-zero3 export {out} {out}-hf", flush=True)

@@ -51,6 +51,19 @@ def test_the_final_shards_export_to_the_gathered_final_model(runs):
     assert all(torch.equal(exported[k], gathered[k]) for k in gathered)  # tiny trains in fp32 on CPU
 
 
+def test_a_stale_latest_in_a_finished_folder_is_not_exported_as_its_final_model(runs, tmp_path):
+    """A gathering run in a folder an earlier shards run used: its finished record names no shards, so the old
+    `latest` there is not taken for its final model."""
+    import shutil
+
+    root, _ = runs
+    reused = tmp_path / "reused"
+    shutil.copytree(root / "gathered", reused)
+    shutil.copy(root / "shards/latest", reused / "latest")
+    proc = run(["hf-zero3", "export", reused, tmp_path / "out"])
+    assert proc.returncode != 0 and "is not a complete checkpoint" in proc.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_without_gathered_weights_exports(runs):
     root, _ = runs
     assert (root / "shards/checkpoint-4/hf_zero3_complete.json").is_file()

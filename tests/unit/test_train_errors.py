@@ -303,3 +303,18 @@ def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_th
     assert proc.returncode == 3, proc.stderr
     assert done.read_text() == "ok"
     assert proc.stdout == "buffered, no newlineatexit ran\n"
+
+
+def test_exit_process_wakes_an_executor_left_open_as_a_normal_exit_does(tmp_path):
+    """A ThreadPoolExecutor never shut down (huggingface_hub's run_as_future keeps one) has idle non-daemon workers:
+    joining them without waking them would hang the finished run for ever."""
+    import subprocess
+    import sys
+
+    script = ("from concurrent.futures import ThreadPoolExecutor\n"
+              "from hf_zero3.run.distributed import exit_process\n"
+              "pool = ThreadPoolExecutor(1)\n"
+              "pool.submit(lambda: 1).result()\n"
+              "exit_process(0)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
