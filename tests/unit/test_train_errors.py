@@ -283,12 +283,17 @@ def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_the_code(tmp_path):
-    """The entry scripts end with `exit_process`: a thread still writing (a Hub push) finishes, atexit functions run,
-    buffered output is flushed, and the code is the run's, whatever the C++ teardown would have done."""
+def _python(script: str):
+    """Run `script` in a fresh interpreter from the repository root (exit_process ends the process it runs in)."""
     import subprocess
     import sys
 
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_the_code(tmp_path):
+    """The entry scripts end with `exit_process`: a thread still writing (a Hub push) finishes, atexit functions run,
+    buffered output is flushed, and the code is the run's, whatever the C++ teardown would have done."""
     done = tmp_path / "written"
     script = (
         "import atexit, sys, threading, time\n"
@@ -299,7 +304,7 @@ def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_th
         "sys.stdout.write('buffered, no newline')\n"
         "exit_process(3)\n"
         "print('never')\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = _python(script)
     assert proc.returncode == 3, proc.stderr
     assert done.read_text() == "ok"
     assert proc.stdout == "buffered, no newlineatexit ran\n"
@@ -308,13 +313,9 @@ def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_th
 def test_exit_process_wakes_an_executor_left_open_as_a_normal_exit_does(tmp_path):
     """A ThreadPoolExecutor never shut down (huggingface_hub's run_as_future keeps one) has idle non-daemon workers:
     joining them without waking them would hang the finished run for ever."""
-    import subprocess
-    import sys
-
-    script = ("from concurrent.futures import ThreadPoolExecutor\n"
-              "from hf_zero3.run.distributed import exit_process\n"
-              "pool = ThreadPoolExecutor(1)\n"
-              "pool.submit(lambda: 1).result()\n"
-              "exit_process(0)\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = _python("from concurrent.futures import ThreadPoolExecutor\n"
+                   "from hf_zero3.run.distributed import exit_process\n"
+                   "pool = ThreadPoolExecutor(1)\n"
+                   "pool.submit(lambda: 1).result()\n"
+                   "exit_process(0)\n")
     assert proc.returncode == 0, proc.stderr
