@@ -53,7 +53,8 @@ ENV_HELP = """environment:
   NODE_RANK      this node's index in the hostfile (with NO_SSH=1)
   MASTER_ADDR    address of node 0 (needed with NO_SSH=1)
   MASTER_PORT    default: a free port on one node, 29500 on several
-  MODEL          local folder or hub id of pretrained weights (--model_name_or_path)
+  MODEL          local folder or hub id of pretrained weights (--model_name_or_path); its own config and
+                 tokenizer replace a from-scratch recipe's config_name, config_overrides and tokenizer_name
   FROM_CONFIG=1  random weights from MODEL's (or the recipe's) config, for benchmarks (--config_name)
   DRY_RUN=1      print the command, resolved arguments, batch math and memory plan; start nothing
   GPU_MEM        GPU memory for the DRY_RUN plan, e.g. 40GB (default: the recipe's target)
@@ -140,12 +141,16 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def recipe_model(recipe: Path) -> str | None:
-    """The model the recipe's YAML names (pretrained weights first, else its config)."""
+def _recipe_values(recipe: Path) -> dict:
     import yaml
 
     path = recipe / "train_args.yaml"
-    values = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def recipe_model(recipe: Path) -> str | None:
+    """The model the recipe's YAML names (pretrained weights first, else its config)."""
+    values = _recipe_values(recipe)
     return values.get("model_name_or_path") or values.get("config_name")
 
 
@@ -239,12 +244,23 @@ def _node_rank(env: Mapping[str, str], no_ssh: bool, launcher: str, hosts_used: 
     return node_rank
 
 
+# A recipe that trains from scratch names its shape and tokenizer with these; MODEL= replaces all three, else the
+# recipe's overrides would reshape MODEL's config (its weights loaded into a model of the recipe's size) and its
+# tokenizer would replace MODEL's.
+FROM_SCRATCH_KEYS = ("config_name", "config_overrides", "tokenizer_name")
+
+
 def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problems: list[str]) -> list[str]:
     """MODEL: pretrained weights; FROM_CONFIG=1: random weights from that model's (or the recipe's) config."""
     source = env.get("MODEL", "").strip()
+    values = _recipe_values(recipe)
     if not from_config:
-        return ["--model_name_or_path", source] if source else []
-    source = source or recipe_model(recipe) or ""
+        cleared = [arg for key in FROM_SCRATCH_KEYS if values.get(key) for arg in (f"--{key}", "null")]
+        return ["--model_name_or_path", source, *cleared] if source else []
+    if source:
+        cleared = [arg for key in FROM_SCRATCH_KEYS[1:] if values.get(key) for arg in (f"--{key}", "null")]
+        return ["--model_name_or_path", "null", "--config_name", source, *cleared]
+    source = recipe_model(recipe) or ""
     if not source:
         problems.append("FROM_CONFIG=1 needs a model config: set MODEL=folder-or-hub-id")
     return ["--model_name_or_path", "null", "--config_name", source]

@@ -429,6 +429,10 @@ def _model_problems(values: dict[str, Any]) -> list[str]:
     model, config = values.get("model_name_or_path"), values.get("config_name")
     if not (model or config):
         return ["no model given: set model_name_or_path (pretrained weights) or config_name (train from scratch)"]
+    if model and values.get("config_overrides"):  # as HF's run_clm: the weights fix the shape they load into
+        return [f"config_overrides ({values['config_overrides']}) reshape a config trained from scratch, but "
+                f"model_name_or_path {model} loads pretrained weights: drop config_overrides (config_overrides null), "
+                "or train from scratch with config_name"]
     tokenizer = "tokenizer_name" if values.get("tokenizer_name") else "model_name_or_path" if model else "config_name"
     problems = []
     for name, needs in (("model_name_or_path", "config.json weights"), ("config_name", "config.json"),

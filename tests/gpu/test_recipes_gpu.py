@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,6 +49,13 @@ def jsonl_corpus(path: Path) -> Path:
     lines = [line for line in (ROOT / "assets/tiny/corpus/train.txt").read_text().splitlines() if line.strip()]
     path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
     return path
+
+
+@pytest.fixture(autouse=True)
+def remove_run_files(tmp_path):
+    """A 2-layer 70b leaves about 40 GB (weights, ZeRO checkpoint, export): the next recipe needs the disk back."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -88,6 +88,20 @@ def test_model_selects_weights_and_from_config_random_weights():
     assert scratch.train_argv[3:] == ["--model_name_or_path", "null", "--config_name", "meta-llama/Llama-2-70b-hf"]
 
 
+def test_model_replaces_a_from_scratch_recipes_config_overrides_and_tokenizer():
+    """recipes/10b-h200x1 trains from scratch (config_name + config_overrides + tokenizer_name); MODEL= must not
+    reshape the user's model to 48 layers or swap its tokenizer (a 2-layer MODEL trained as 10.7B on the GPU box)."""
+    recipe, target = ROOT / "recipes" / "10b-h200x1", Target(1, 1, "140GB")
+    weights = resolve(recipe, [], {"MODEL": "/models/solar"}, target)
+    assert weights.train_argv[3:] == ["--model_name_or_path", "/models/solar", "--config_name", "null",
+                                      "--config_overrides", "null", "--tokenizer_name", "null"]
+    shape_of_model = resolve(recipe, [], {"MODEL": "/models/solar", "FROM_CONFIG": "1"}, target)
+    assert shape_of_model.train_argv[3:] == ["--model_name_or_path", "null", "--config_name", "/models/solar",
+                                             "--config_overrides", "null", "--tokenizer_name", "null"]
+    recipes_shape = resolve(recipe, [], {"FROM_CONFIG": "1"}, target)
+    assert recipes_shape.train_argv[3:] == ["--model_name_or_path", "null", "--config_name", "assets/tiny/model"]
+
+
 def test_hosts_writes_a_hostfile_with_num_gpus_slots(tmp_path):
     path = tmp_path / "out" / "hostfile"
     launch = resolve(R70, [], {"HOSTS": "a,b", "NUM_GPUS": "4", "HOSTFILE": str(path), "DRY_RUN": "1"}, TARGET_70B)

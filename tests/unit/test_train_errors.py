@@ -257,6 +257,15 @@ def test_model_folder_without_config_json_or_weights(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_pretrained_weights_with_config_overrides_are_refused(tmp_path, capsys):
+    """Overrides would reshape the pretrained config, loading the weights into a model of another size."""
+    out = tmp_path / "out"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--model_name_or_path", "org/some-model",
+                           "--config_overrides", "num_hidden_layers=48", "--output_dir", out)
+    assert "config_overrides (num_hidden_layers=48) reshape a config trained from scratch" in err
+    assert "drop config_overrides (config_overrides null)" in err and not out.exists()
+
+
 def test_all_input_problems_are_reported_together(tmp_path, capsys):
     err = train_fails_with(capsys, TINY_YAML, "--train_file", "no/such/train.txt", "--validation_file",
                            tmp_path, "--tokenizer_name", tmp_path, "--output_dir", tmp_path / "out")
