@@ -26,6 +26,7 @@ from hf_zero3.checkpoint.lifecycle import (
     verify_checkpoint,
     verify_weights,
 )
+from hf_zero3.checkpoint.nvme_states import OFFLOADED, has_nvme_states, swapped_fp32_groups
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 """--dtype choices -> torch dtype names (as config.json spells them)."""
@@ -173,7 +174,11 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, 
 
     from hf_zero3.checkpoint.card import model_card
 
-    lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
+    tag_dir, problems = deepspeed_tag_dir(checkpoint)
+    if tag_dir is None:
+        raise CheckpointError(f"{checkpoint}: {'; '.join(problems)}. {_instead(checkpoint)}")
+    with swapped_fp32_groups(tag_dir):  # ZeRO-Infinity: the swapped fp32 weights are files beside the shards
+        lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), lazy_mode=True)
     first_name: dict[int, str] = {}
     lazy = {name: t for name, t in lazy.items() if first_name.setdefault(id(t), name) == name}
     empty = to_torch_tensor(lazy, return_empty_tensor=True, dtype=DTYPES[dtype])
@@ -231,6 +236,10 @@ def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
     checkpoint = Path(checkpoint)
     _require_complete(checkpoint)
     tag_dir, _ = deepspeed_tag_dir(checkpoint)
+    if has_nvme_states(tag_dir):
+        raise CheckpointError(f"{checkpoint} keeps its optimizer states on NVMe ({tag_dir / OFFLOADED}), which "
+                              "DeepSpeed's universal conversion does not read: resume it on the world size that "
+                              "saved it, or export its weights (hf-zero3 export) and fine-tune from those")
     out = checkpoint / f"{tag_dir.name}_universal"
     if (checkpoint / "latest_universal").is_file() and out.is_dir():
         return out

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.integration
 RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir())
 SMALL = {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "head_dim": 16, "vocab": 1024}
 """The shrunk size; kv heads keep the recipe's kind of attention (grouped-query or not)."""
+SWAPPED = {**SMALL, "hidden": 512, "ffn": 1024, "head_dim": 128}
+"""For NVMe recipes: DeepSpeed keeps a sub-group in memory below 1 MB (its aio block), so each rank's fp32 partition
+must be larger (2.75M of the 5.5M parameters per rank here) for the swap, and its checkpoint copy, to happen."""
 
 
 def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
@@ -27,16 +30,17 @@ def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
     --config_overrides that shrink it, and the shrunk parameter count."""
     from transformers import LlamaConfig
 
+    size = SWAPPED if RECIPE_CONFIGS[name].offloads_to_nvme else SMALL
     shape = load_shape(name)
     LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
                 num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                 head_dim=shape.head_dim, max_position_embeddings=shape.max_positions,
                 tie_word_embeddings=shape.tied_embeddings).save_pretrained(folder)
-    kv = 1 if shape.kv_heads < shape.heads else SMALL["heads"]
-    small = with_changes(shape, **{k: v for k, v in SMALL.items() if k != "head_dim"}, kv_heads=kv)
-    overrides = (f"num_hidden_layers={SMALL['layers']},hidden_size={SMALL['hidden']},intermediate_size={SMALL['ffn']},"
-                 f"num_attention_heads={SMALL['heads']},num_key_value_heads={kv},head_dim={SMALL['head_dim']},"
-                 f"vocab_size={SMALL['vocab']}")
+    kv = 1 if shape.kv_heads < shape.heads else size["heads"]
+    small = with_changes(shape, **{k: v for k, v in size.items() if k != "head_dim"}, kv_heads=kv)
+    overrides = (f"num_hidden_layers={size['layers']},hidden_size={size['hidden']},intermediate_size={size['ffn']},"
+                 f"num_attention_heads={size['heads']},num_key_value_heads={kv},head_dim={size['head_dim']},"
+                 f"vocab_size={size['vocab']}")
     return folder, overrides, small.params
 
 
@@ -119,6 +123,29 @@ def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
     batch = torch.arange(64).reshape(2, 32)
     with torch.no_grad():
         assert math.isfinite(model(input_ids=batch, labels=batch).loss.item())
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if RECIPE_CONFIGS[n].offloads_to_nvme])
+def test_nvme_recipe_checkpoint_exports_the_weights_it_swapped(recipe_runs, name, tmp_path):
+    """The fp32 weights of a swapped sub-group are a file in offloaded_tensors/, not in the optimizer shard (an empty
+    tensor there); export reads them: its bf16 weights are the 16-bit model the run gathered, bit for bit."""
+    from safetensors.torch import load_file
+
+    proc, out, _ = recipe_runs(name)
+    assert proc.returncode == 0, explain(proc)
+    checkpoint = out / "checkpoint-3"
+    shards = sorted((checkpoint / "global_step3").glob("*optim_states.pt"))
+    groups = [torch.load(f, weights_only=False, map_location="cpu")["optimizer_state_dict"]["fp32_flat_groups"]
+              for f in shards]
+    assert len(groups) == 2 and all(g.numel() == 0 for rank in groups for g in rank)  # all swapped out to NVMe
+    assert sorted(p.name for p in (checkpoint / "global_step3" / "offloaded_tensors").iterdir()) == ["rank00", "rank01"]
+    exported = run(["hf-zero3", "export", checkpoint, tmp_path / "export"])
+    assert exported.returncode == 0, explain(exported)
+    gathered, weights = load_file(checkpoint / "model.safetensors"), load_file(tmp_path / "export/model.safetensors")
+    assert weights.keys() == gathered.keys()
+    assert all(torch.equal(weights[k], gathered[k]) for k in gathered), "export differs from the trained weights"
+    resharded = run(["hf-zero3", "reshard", checkpoint])
+    assert resharded.returncode != 0 and "keeps its optimizer states on NVMe" in resharded.stderr
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if RECIPE_CONFIGS[n].offload_optimizer.device == "cpu"])
