@@ -614,6 +614,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     from hf_zero3.callbacks import (
         DeepSpeedTimersCallback,
         HubPushCallback,
+        NvmeResumeCallback,
         default_callbacks,
         install_callbacks,
     )
@@ -653,7 +654,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         data_collator=default_data_collator,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
-    install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), *callbacks])
+    install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
     try:
