@@ -92,6 +92,10 @@ class NvmeResumeCallback(TrainerCallback):
         if zero is None or state.global_step == 0:
             return
         checkpoint = Path(self.checkpoint or Path(args.output_dir) / f"checkpoint-{state.global_step}")
+        if not (checkpoint / "latest").is_file():
+            raise RuntimeError(f"resumed at step {state.global_step} with the optimizer states on NVMe, but "
+                               f"{checkpoint} is no DeepSpeed checkpoint (no `latest`), so Adam's state cannot be "
+                               "restored: pass NvmeResumeCallback(trainer, checkpoint=<the folder resumed from>)")
         tag_dir = checkpoint / (checkpoint / "latest").read_text().strip()
         rank = dist.get_rank() if dist.is_initialized() else 0
         restored = restore_swapped_moments(zero, saved_optimizer_state(tag_dir, rank))
