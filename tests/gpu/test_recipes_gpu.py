@@ -1,10 +1,11 @@
 """Each shipped recipe launched as a user runs it, on the GPU box (marker `gpu`; skipped without CUDA):
-`recipes/<name>/launch.sh` with MODEL=<local folder of safetensors weights> and a local .jsonl, 2 real steps at
-the recipe's exact width (layer-scaled to 2 layers, so 70b fits one box; 1 for NVMe, for the disk), a checkpoint at save_steps that is
-complete, exported to a plain HF folder, and reloaded. `make train-<name>` runs the same launch.sh after
-`make setup`. Run on a GPU box: `python -m pytest tests/gpu -m gpu`. On 2 x H200, 2026-11-30: 7b and 13b passed (about
-50 s each). On 1 x H200, 2026-12-01: 8b, 10b-h200x1 and 20b-h200x2 passed; 70b trained and saved, and its export
-failed, which hf_zero3/checkpoint/nvme_states.py fixes (benchmarks/gpu-recipe-tests_1xH200_2026-12-01.md)."""
+`recipes/<name>/launch.sh` with MODEL=<local folder of safetensors weights> and a local .jsonl, 2 real steps
+at the recipe's exact width (layer-scaled to 2 layers, so 70b fits one box; 1 with NVMe, for the disk), a
+checkpoint at save_steps that is complete, exported to a plain HF folder, and reloaded. `make train-<name>`
+runs the same launch.sh after `make setup`. Run on a GPU box: `python -m pytest tests/gpu -m gpu`.
+On 2 x H200, 2026-11-30: 7b and 13b passed (about 50 s each). On 1 x H200, 2026-12-01: 8b, 10b-h200x1 and
+20b-h200x2 passed; 70b trained and saved, and its export failed, which hf_zero3/checkpoint/nvme_states.py fixes
+(benchmarks/gpu-recipe-tests_1xH200_2026-12-01.md)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def jsonl_corpus(path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def remove_run_files(tmp_path):
-    """A 2-layer 70b leaves about 40 GB (weights, ZeRO checkpoint, export): the next recipe needs the disk back."""
+    """70b at 1 layer leaves about 40 GB (weights, swap files, checkpoint, export): the next recipe needs the disk."""
     yield
     shutil.rmtree(tmp_path, ignore_errors=True)
 
