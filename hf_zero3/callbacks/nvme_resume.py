@@ -6,7 +6,10 @@ no state for the swapped sub-groups, so its first step after the resume starts A
 written over the copied files. Only the fp32 weights come back. On the shrunk 70b recipe (2 CPU ranks),
 checkpoint-3 resumed gave grad norm 10.8 at step 5, against 2.6 without the interruption.
 This registers each swapped sub-group's moments and step, before the first step, under the names of the copied
-files. The swapper then reads them as it would after any step.
+files; the swapper then reads them as it would after any step. A sub-group below DeepSpeed's 1 MB swap minimum
+stays in host memory even with NVMe offload, and lost more: its fp32 weights were the freshly built model's, copied
+into the 16-bit parameters at load. Those get the checkpoint's fp32 weights, moments and step, and their 16-bit
+parameters again.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ def nvme_zero3_optimizer(engine):
 
 
 def saved_optimizer_state(tag_dir: Path, rank: int) -> dict:
-    """This rank's torch optimizer state_dict from the checkpoint: "state" ({sub-group index: {"step",
+    """This rank's ZeRO-3 optimizer state from the checkpoint: "fp32_flat_groups" (one per sub-group, empty where
+    swapped) and the torch optimizer's state_dict, "optimizer_state_dict": "state" ({sub-group index: {"step",
     "exp_avg", ...}}, the tensors empty where swapped) and "param_groups" (lr, betas, ...)."""
     import torch
 
@@ -35,19 +39,22 @@ def saved_optimizer_state(tag_dir: Path, rank: int) -> dict:
         raise RuntimeError(f"{tag_dir}: expected one optimizer shard of rank {rank}, found {len(files)}: resume "
                            "from a complete checkpoint saved on the same world size")
     saved = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
-    return saved["optimizer_state_dict"]["optimizer_state_dict"]
+    return saved["optimizer_state_dict"]
 
 
-def restore_swapped_moments(zero, saved: dict) -> int:
-    """Give `zero`'s optimizer the saved state of every swapped sub-group it lacks, and the saved param groups'
-    settings (lr, betas, ...: what torch's `load_state_dict` restores, which DeepSpeed skips here too); returns how
-    many sub-groups.
+def restore_optimizer_state(zero, saved_zero: dict) -> int:
+    """Give `zero`'s optimizer the saved state of every sub-group it lacks, and the saved param groups' settings
+    (lr, betas, ...: what torch's `load_state_dict` restores, which DeepSpeed skips here too); returns how many
+    sub-groups.
 
-    The moments are registered at their full size (the swapper keeps only tensors of at least its aio block) and
-    released at once: their memory comes from the swap buffers, their values from the files the load copied.
+    Swapped sub-groups: the moments are registered at their full size (the swapper keeps only tensors of at least
+    its aio block) and released at once; their memory comes from the swap buffers, their values from the files the
+    load copied. Sub-groups in memory: fp32 weights and moments are copied from the checkpoint, then into the 16-bit
+    parameters.
     """
     import torch
 
+    saved = saved_zero["optimizer_state_dict"]
     groups = zero.optimizer.param_groups
     if len(groups) != len(saved["param_groups"]):
         raise RuntimeError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, this one "
@@ -57,7 +64,14 @@ def restore_swapped_moments(zero, saved: dict) -> int:
     restored = 0
     for index, fp32 in enumerate(zero.fp32_partitioned_groups_flat):
         entry = saved["state"].get(index)
-        if not entry or not zero._swappable_optimizer_subgroup(index) or zero.optimizer.state.get(fp32):
+        if not entry or zero.optimizer.state.get(fp32):
+            continue
+        if not zero._swappable_optimizer_subgroup(index):
+            fp32.data.copy_(saved_zero["fp32_flat_groups"][index])
+            zero.optimizer.state[fp32] = {key: value.to(fp32.device, copy=True) if torch.is_tensor(value) else value
+                                          for key, value in entry.items()}
+            zero._reassign_or_swap_out_partitioned_parameters(index)  # the 16-bit partition from the fp32 weights
+            restored += 1
             continue
         numel = zero.fp16_partitioned_groups_flat_numel[index]
         state = {key: torch.empty(numel, dtype=value.dtype) if torch.is_tensor(value) else value
@@ -98,5 +112,7 @@ class NvmeResumeCallback(TrainerCallback):
                                "restored: pass NvmeResumeCallback(trainer, checkpoint=<the folder resumed from>)")
         tag_dir = checkpoint / (checkpoint / "latest").read_text().strip()
         rank = dist.get_rank() if dist.is_initialized() else 0
-        restored = restore_swapped_moments(zero, saved_optimizer_state(tag_dir, rank))
+        zero.checkpoint_event_prologue()  # as DeepSpeed's own load: every parameter partitioned, the persistent too
+        restored = restore_optimizer_state(zero, saved_optimizer_state(tag_dir, rank))
+        zero.checkpoint_event_epilogue()  # ... and the persistent ones (norms) gathered again from their partitions
         logger.info("rank %d: restored the Adam state of %d NVMe sub-groups from %s", rank, restored, tag_dir)
