@@ -105,12 +105,15 @@ class NvmeResumeCallback(TrainerCallback):
         zero = nvme_zero3_optimizer(getattr(self.trainer, "model_wrapped", None))
         if zero is None or state.global_step == 0:
             return
-        checkpoint = Path(self.checkpoint or Path(args.output_dir) / f"checkpoint-{state.global_step}")
-        if not (checkpoint / "latest").is_file():
+        from hf_zero3.checkpoint.lifecycle import checkpoint_dir, deepspeed_tag_dir
+
+        checkpoint = Path(self.checkpoint or checkpoint_dir(args.output_dir, state.global_step))
+        tag_dir, problems = deepspeed_tag_dir(checkpoint)
+        if tag_dir is None:
             raise RuntimeError(f"resumed at step {state.global_step} with the optimizer states on NVMe, but "
-                               f"{checkpoint} is no DeepSpeed checkpoint (no `latest`), so Adam's state cannot be "
-                               "restored: pass NvmeResumeCallback(trainer, checkpoint=<the folder resumed from>)")
-        tag_dir = checkpoint / (checkpoint / "latest").read_text().strip()
+                               f"{checkpoint} is no DeepSpeed checkpoint ({'; '.join(problems)}), so Adam's state "
+                               "cannot be restored: pass NvmeResumeCallback(trainer, checkpoint=<the folder resumed "
+                               "from>)")
         rank = dist.get_rank() if dist.is_initialized() else 0
         zero.checkpoint_event_prologue()  # as DeepSpeed's own load: every parameter partitioned, the persistent too
         restored = restore_optimizer_state(zero, saved_optimizer_state(tag_dir, rank))
