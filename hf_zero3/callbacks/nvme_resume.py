@@ -34,7 +34,9 @@ def saved_optimizer_state(tag_dir: Path, rank: int) -> dict:
     "exp_avg", ...}}, the tensors empty where swapped) and "param_groups" (lr, betas, ...)."""
     import torch
 
-    files = sorted(Path(tag_dir).glob(f"*zero_pp_rank_{rank}_mp_rank_*optim_states.pt"))
+    from hf_zero3.checkpoint.lifecycle import optim_states_files
+
+    files = optim_states_files(Path(tag_dir), rank)
     if len(files) != 1:
         raise RuntimeError(f"{tag_dir}: expected one optimizer shard of rank {rank}, found {len(files)}: resume "
                            "from a complete checkpoint saved on the same world size")

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_zero3.checkpoint.lifecycle import (
-    FINISHED,
     CheckpointError,
     deepspeed_tag_dir,
     is_complete,
     newest_complete,
+    read_finished,
     verify_checkpoint,
     verify_weights,
 )
@@ -41,10 +41,10 @@ def finished_zero_shards(folder: Path) -> bool:
     """A finished run's output_dir whose final save wrote ZeRO shards (16-bit gathering off): the Trainer's
     `save_model` put them there after the last step, which may be past the newest checkpoint-N. The finished record
     names them; a `latest` left by an earlier run in the same folder does not count."""
+    shards = (read_finished(folder) or {}).get("zero_shards")
     try:
-        record = json.loads((folder / FINISHED).read_text())
-        return bool(record.get("zero_shards")) and record["zero_shards"] == (folder / "latest").read_text().strip()
-    except (OSError, ValueError, AttributeError):
+        return bool(shards) and shards == (folder / "latest").read_text().strip()
+    except OSError:
         return False
 
 

@@ -143,7 +143,7 @@ def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
             if kind == "model_states":
                 shards, required = model_states_files(tag_dir, rank)
             else:
-                shards, required = sorted(tag_dir.glob(f"*zero_pp_rank_{rank}_mp_rank_*_{kind}.pt")), True
+                shards, required = optim_states_files(tag_dir, rank), True
             if not shards and required:
                 problems.append(f"rank {rank}: no {kind} shard in {tag_dir.name}")
             problems += [f"rank {rank}: {p}" for shard in shards if (p := _zip_problem(shard))]
@@ -153,6 +153,11 @@ def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
     if p := _zip_problem(rng):
         problems.append(f"rank {rank}: RNG state {p}")
     return problems
+
+
+def optim_states_files(tag_dir: Path, rank: int) -> list[Path]:
+    """This rank's ZeRO optimizer shards (`*zero_pp_rank_R_mp_rank_00_optim_states.pt`, one per rank)."""
+    return sorted(tag_dir.glob(f"*zero_pp_rank_{rank}_mp_rank_*_optim_states.pt"))
 
 
 def model_states_files(tag_dir: Path, rank: int) -> tuple[list[Path], bool]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError
+from hf_zero3.checkpoint.lifecycle import CheckpointError, model_states_files
 
 OFFLOADED = "offloaded_tensors"
 
@@ -30,7 +30,7 @@ def sub_group_numels(tag_dir: Path, world_size: int) -> list[int]:
     from `param_shapes`, which the model-states file keeps per sub-group in the optimizer's order."""
     import torch
 
-    files = sorted(Path(tag_dir).glob("*_model_states.pt"))
+    files, _ = model_states_files(Path(tag_dir), 0)
     if not files:
         raise CheckpointError(f"{tag_dir} has no *_model_states.pt: export another complete checkpoint")
     states = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
