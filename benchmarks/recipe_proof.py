@@ -5,7 +5,7 @@ measurement against the planner's prediction for the same run, written to <out>/
 
   python benchmarks/recipe_proof.py --recipe 7b --gpus 1 --gpu-mem 141GiB --host-ram 256GiB --steps 20 \
       --out DIR --work WORK [--as-shipped] [--layers 4] [--accum 2] [--against stock_tuned] [--tag NAME]
-      [--tuned stock_tuned=4+ckpt] [--repeats 3] [--global-batch 24]
+      [--tuned stock_tuned=4+ckpt] [--repeats 3] [--global-batch 24] [--variant NAME=KEY=VALUE] [--only NAMES]
 
 Host RAM is MemTotal - MemAvailable of the whole node (page cache excluded), peak minus its value before the
 launch; the planner's host figure is per node too. GPU memory is torch.cuda.max_memory_allocated, max over ranks.
@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--work, same machine): the runs bench recorded are kept")
     ap.add_argument("--global-batch", type=int, help="the planner's choice at this global batch (sequences per "
                     "step): accumulation fills it, so the baselines train the same tokens per step")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                    help="also run ours with these ds_config keys changed (dotted, JSON values), e.g. "
+                         "persist=zero_optimization.stage3_param_persistence_threshold=100000000000")
+    ap.add_argument("--only", help="passed to bench: run just these configs (comma-separated)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--run-timeout", type=int, default=0)
     ap.add_argument("--tag", help="name of this proof (default: <recipe>[-<layers>L])")
@@ -141,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
            str(args.out), "--work-dir", str(work / "runs")]
     cmd += ["--against", args.against]  # bench's default adds the stock baseline: none unless asked
     cmd += [f"--tuned={item}" for item in args.tuned] + ["--repeats", str(args.repeats)]
+    for item in args.variant:
+        cmd += [f"--variant={write_variant(item, variant_dir, work)}"]
+    if args.only:
+        cmd += ["--only", args.only]
     if resume:
         cmd += ["--resume"]
     if args.breakdown:
@@ -193,6 +201,24 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{name}_proof.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
     return code
+
+
+def write_variant(item: str, ours: Path, work: Path) -> str:
+    """A copy of our folder whose ds_config has the keys of `NAME=KEY=VALUE,...` changed; bench's NAME=FOLDER."""
+    name, _, changes = item.partition("=")
+    folder = work / f"variant-{name}"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(ours, folder)
+    config = json.loads((folder / "ds_config.json").read_text())
+    for change in changes.split(","):
+        key, _, value = change.partition("=")
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = json.loads(value)
+    (folder / "ds_config.json").write_text(json.dumps(config, indent=2))
+    return f"{name}={folder}"
 
 
 def describe_plan(p) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
-from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.speed import fastest
 
@@ -460,7 +460,11 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         add("host", "param NVMe swap buffers (pinned)", count * size * b, f"{count} x {_count(size)} x {b} B",
             "buffer")
     # Buffers: ZeRO-3 gathers parameters module by module; gradients are reduced through a bucket.
-    if stage == 3:
+    if gathers_are_views(spec, hardware):
+        notes.append("one GPU: ZeRO-3's gathers are views of the parameters' partition, no gather buffers"
+                     + (" (every parameter persists: no per-module fetch)"
+                        if spec.param_persistence_threshold == EVERY_PARAMETER else ""))
+    if stage == 3 and not gathers_are_views(spec, hardware):
         threshold = _resolve(spec.param_persistence_threshold, 10 * H)
         if H < threshold:
             add("gpu", "persistent small params + grads (norms)", 2 * b * shape.small_params,
@@ -471,6 +475,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         add("gpu", "gathered params (live)", b * live,
             f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
             f" + prefetch {_count(prefetch)} if larger, at most P", "buffer", phase="backward")
+    if stage == 3:
         add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
             f"{b} B x {_count(shape.largest_module_params)}", "buffer", phase="backward")
     reduce_bucket = _resolve(spec.reduce_bucket_size, H * H)
@@ -580,7 +585,17 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
         small = {"sub_group_size": 100_000_000}  # NVMe swap buffers are sized by the sub-group
         specs += [{**opt, **small, "offload_optimizer": nvme}, {**both, **small, "offload_optimizer": nvme},
                   {**both, **small, "offload_optimizer": nvme, "offload_param": nvme}]
-    return [ZeroSpec(**{**s, "precision": precision}) for s in specs]
+    specs = [ZeroSpec(**{**s, "precision": precision}) for s in specs]
+    if hardware.world_size == 1:  # nothing to partition: every parameter persists, at no memory cost (EVERY_PARAMETER)
+        specs = [ZeroSpec(**{**s.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER})
+                 if gathers_are_views(s, hardware) else s for s in specs]
+    return specs
+
+
+def gathers_are_views(spec: ZeroSpec, hardware: Hardware) -> bool:
+    """ZeRO-3 on one rank with the parameters on the GPU: a "gather" makes the parameter a view of its partition
+    (DeepSpeed 0.19 `_no_gather_coalesced`), so gathered and persistent parameters take no memory of their own."""
+    return spec.stage == 3 and hardware.world_size == 1 and spec.offload_param.device == "none"
 
 
 def _offload_level(spec: ZeroSpec) -> tuple[float, float]:

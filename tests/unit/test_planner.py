@@ -82,6 +82,34 @@ def test_zero3_7b_per_gpu_by_hand():
     assert p.gpu_bytes == p.gpu_allocated_bytes + int(0.15 * p.gpu_allocated_bytes) + 3 * GB
 
 
+def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
+    """On one rank DeepSpeed 0.19 "gathers" a parameter as a view of its partition (`_no_gather_coalesced`): no gather
+    buffers, so persisting every parameter is free, and it skips the per-module fetch (measured on 7B, 1 x H200:
+    1.33x tokens/s, the same 116.96 GiB peak; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)."""
+    from hf_zero3.config.spec import EVERY_PARAMETER
+
+    one, two = Hardware(1, 1, 141 * GB, 134 * GB), Hardware(1, 2, 141 * GB, 134 * GB)
+    spec = ZeroSpec(stage=3)
+    alone, pair = plan(S7, one, Training(4096, 1, 1), spec), plan(S7, two, Training(4096, 1, 1), spec)
+    assert "gathered params (live)" not in _terms(alone) and "persistent small params + grads (norms)" not in _terms(alone)
+    assert _terms(pair)["gathered params (live)"] == 2 * 1_000_000_000
+    assert "gathered grads (largest module)" in _terms(alone)  # gradients are still made whole, then partitioned
+    assert any("views" in note for note in alone.notes) and not any("views" in note for note in pair.notes)
+    offloaded = plan(S7, one, Training(4096, 1, 1), ZeroSpec(stage=3, offload_param=ParamOffload(device="cpu"),
+                                                              offload_optimizer=OptimizerOffload(device="cpu")))
+    assert "gathered params (live)" in _terms(offloaded)  # a host partition is copied to the GPU, not viewed
+
+    chosen = choose(S7, one, 4096, global_batch=16, liger=True)
+    assert chosen.plan.spec.stage == 3
+    assert chosen.ds_config["zero_optimization"]["stage3_param_persistence_threshold"] == EVERY_PARAMETER
+    assert not has_errors(check_ds_config(chosen.ds_config))
+    pair_zero = choose(S7, two, 4096, global_batch=16).ds_config["zero_optimization"]
+    assert pair_zero.get("stage3_param_persistence_threshold") != EVERY_PARAMETER  # on 2 GPUs it would cost memory
+    for option in choose(S7, one, 4096, global_batch=16).tried:  # with parameter offload nothing is persisted
+        if option.spec.offload_param.device != "none":
+            assert option.spec.param_persistence_threshold != EVERY_PARAMETER
+
+
 def test_zero2_peaks_at_backward_or_at_the_optimizer_step_never_both():
     """Measured on 2 x H200 (benchmarks/README.md): ZeRO-2's fp32 gradient partition and the flattened 16-bit copy
     it is cast from exist only inside the step; with checkpointing the step is the peak."""

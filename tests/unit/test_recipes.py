@@ -221,13 +221,15 @@ def test_recipe_is_the_planners_choice_on_each_named_machine_with_headroom(name,
 
 def test_the_largest_recipes_are_the_largest_the_planner_fits():
     """More layers of the same width do not fit with 10% headroom unless the activations go to host memory (activation
-    offload, which these recipes leave off): the recipes are the largest of their shape without it."""
+    offload, which these recipes leave off): 20b-h200x2 is the largest of its shape without it. 10b-h200x1 keeps
+    SOLAR-10.7B's 48 layers so that its real weights load; on one GPU ZeRO-3 needs no gather buffers, which lets the
+    planner fit 2 more layers (11.6B, ratio 0.5; not run), not 4. Its README says so."""
     from hf_zero3.plan.memory import choose
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape, with_changes
 
-    for name, (profile, nodes) in (("20b-h200x2", PROFILES_OF["20b-h200x2"][0]),
-                                   ("10b-h200x1", PROFILES_OF["10b-h200x1"][0])):
+    for name, (profile, nodes), expected in (("20b-h200x2", PROFILES_OF["20b-h200x2"][0], [False, False]),
+                                             ("10b-h200x1", PROFILES_OF["10b-h200x1"][0], [True, False])):
         values = yaml.safe_load((RECIPES_DIR / name / "train_args.yaml").read_text())
         hardware = get(profile).hardware(nodes, HEADROOM)
         shape = load_shape(name)
@@ -235,4 +237,4 @@ def test_the_largest_recipes_are_the_largest_the_planner_fits():
         assert choose(shape, hardware, 4096, global_batch=batch).fits
         more = [choose(with_changes(shape, layers=shape.layers + k), hardware, 4096, global_batch=batch)
                 for k in (2, 4)]
-        assert [c.fits and not c.plan.spec.activation_offload for c in more] == [False, False], (name, more)
+        assert [c.fits and not c.plan.spec.activation_offload for c in more] == expected, (name, more)
