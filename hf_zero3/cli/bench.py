@@ -30,7 +30,8 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--repeats", type=positive_int, default=1,
                        help="runs per config, interleaved; the report gives medians and each run")
     bench.add_argument("--run-timeout", type=positive_int, default=0, metavar="SECONDS",
-                       help="stop a run that takes longer (reported as failed, exit 124); default: no limit")
+                       help="stop a run that takes longer (reported as failed, exit 124, unless it had logged all its "
+                            "steps and was only exiting); default: no limit")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--only", default="", metavar="NAMES",

@@ -309,7 +309,8 @@ def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
 
 def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
     """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
-    stopped and reported as exit 124, so one hung run cannot eat a whole bench."""
+    stopped and reported as exit 124, so one hung run cannot eat a whole bench. A run that had logged all its steps
+    is only exiting: it is stopped too, but it counts (exit 0), since every measurement is in."""
     from tqdm import tqdm
 
     start = time.time()
@@ -318,11 +319,15 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
     with tqdm(total=total, desc=label, unit="step", file=sys.stderr, disable=not on_terminal) as bar:
         while proc.poll() is None:
             time.sleep(1.0)
+            done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             if limit and time.time() - start > limit:
                 _stop(proc)
+                if done >= total:
+                    print(f"{label}: all {total} steps logged; stopped while exiting, after {limit:.0f} s "
+                          "(--run-timeout)", file=sys.stderr, flush=True)
+                    return 0
                 print(f"{label}: stopped after {limit:.0f} s (--run-timeout)", file=sys.stderr, flush=True)
                 return 124
-            done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             bar.update(max(0, done - bar.n))
             if not on_terminal and done > reported and done >= min(total, reported + every):
                 reported = done

@@ -46,3 +46,23 @@ def test_bench_off_a_terminal_prints_a_line_per_tenth_with_the_eta(tmp_path, cap
 
 def test_progress_line_estimates_the_rest_from_the_steps_so_far():
     assert progress_line("ours", 5, 20, 10.0) == "ours: step 5/20, 10 s, ETA 30 s"
+
+
+def _writer(steps: int, then_sleep: float) -> str:
+    return ("import json, sys, time\n"
+            f"for step in range(1, {steps + 1}):\n"
+            "    with open(sys.argv[1], 'a') as f: f.write(json.dumps({'step': step, 'loss': 1.0}) + '\\n')\n"
+            f"time.sleep({then_sleep})\n")
+
+
+def test_a_run_past_the_limit_fails_unless_all_its_steps_are_logged(tmp_path, capfd):
+    """--run-timeout stops both; the one that hangs on its way out after its last step has measured everything."""
+    finished, hung = tmp_path / "finished.jsonl", tmp_path / "hung.jsonl"
+    exiting = subprocess.Popen([sys.executable, "-c", _writer(4, 60), str(finished)])
+    assert _follow(exiting, finished, 4, "exiting", limit=2) == 0
+    assert exiting.poll() is not None  # stopped all the same
+    short = subprocess.Popen([sys.executable, "-c", _writer(3, 60), str(hung)])
+    assert _follow(short, hung, 4, "short", limit=2) == 124
+    assert short.poll() is not None
+    err = capfd.readouterr().err
+    assert "exiting: all 4 steps logged; stopped while exiting" in err and "short: stopped after 2 s" in err
