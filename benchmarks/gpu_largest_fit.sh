@@ -10,7 +10,9 @@
 # Run from the repository root:  bash benchmarks/gpu_largest_fit.sh   (about 7 minutes; CHECK_ONLY=1: no GPU part)
 # Variants of the recipe's ds_config: PIN_MEMORY=true|false (offload_optimizer.pin_memory), BREAKDOWN=1 (DeepSpeed's
 # wall_clock_breakdown timers in train.log), GATHER=true|false (stage3_gather_16bit_weights_on_model_save: the final
-# save_model gathers the 16-bit model into rank 0's host RAM, or writes ZeRO shards). E.g. the 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
+# save_model gathers the 16-bit model into rank 0's host RAM, or writes ZeRO shards), PERSIST=N
+# (stage3_param_persistence_threshold; 9223372036854775807 = every parameter, the planner's one-GPU choice). E.g. the
+# 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
 set -uo pipefail
 if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
 RECIPE=${RECIPE:-20b-h200x2} GPUS=${GPUS:-2} STEPS=${STEPS:-20} TIMEOUT=${TIMEOUT:-420}
@@ -29,10 +31,10 @@ PY
 micro=${MICRO:-$micro} accum=${ACCUM:-$accum}
 log "recipe $RECIPE on $GPUS GPU(s): micro $micro x accumulation $accum, $STEPS steps"
 config="recipes/$RECIPE/ds_config.json"
-if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}${GATHER:-}" ]; then  # a variant of the recipe's config, written beside the run
-  python3 - "$config" "$WORK/ds_config.json" "${PIN_MEMORY:-}" "${BREAKDOWN:-}" "${GATHER:-}" <<'PY'
+if [ -n "${PIN_MEMORY:-}${BREAKDOWN:-}${GATHER:-}${PERSIST:-}" ]; then  # a variant of the recipe's config, written beside the run
+  python3 - "$config" "$WORK/ds_config.json" "${PIN_MEMORY:-}" "${BREAKDOWN:-}" "${GATHER:-}" "${PERSIST:-}" <<'PY'
 import json, sys
-src, dst, pin, breakdown, gather = sys.argv[1:]
+src, dst, pin, breakdown, gather, persist = sys.argv[1:]
 config = json.load(open(src))
 if pin:
     config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin == "true"
@@ -40,10 +42,12 @@ if breakdown:
     config["wall_clock_breakdown"] = True
 if gather:
     config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = gather == "true"
+if persist:
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = int(persist)
 json.dump(config, open(dst, "w"), indent=2)
 PY
   config="$WORK/ds_config.json"
-  log "ds_config: the recipe's with pin_memory=${PIN_MEMORY:-as shipped}, wall_clock_breakdown=${BREAKDOWN:-as shipped}, 16-bit gather on save=${GATHER:-as shipped}"
+  log "ds_config: the recipe's with pin_memory=${PIN_MEMORY:-as shipped}, wall_clock_breakdown=${BREAKDOWN:-as shipped}, 16-bit gather on save=${GATHER:-as shipped}, persistence threshold=${PERSIST:-as shipped}"
 fi
 cp "$config" "$OUT/ds_config.json"
 python3 benchmarks/offload_plan_check.py predict --ds-config "$config" --model assets/tiny/model \
