@@ -466,10 +466,15 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
                         if spec.param_persistence_threshold == EVERY_PARAMETER else ""))
     if stage == 3 and not gathers_are_views(spec, hardware):
         threshold = _resolve(spec.param_persistence_threshold, 10 * H)
-        if H < threshold:
-            add("gpu", "persistent small params + grads (norms)", 2 * b * shape.small_params,
-                f"2 x {b} B x {_count(shape.small_params)} (below persistence threshold {_count(threshold)})",
-                "buffer")
+        small = shape.persistent_params(min(threshold, 10 * H))
+        large = shape.persistent_params(threshold) - small
+        if small:
+            add("gpu", "persistent small params + grads (norms)", 2 * b * small,
+                f"2 x {b} B x {_count(small)} (at most persistence threshold {_count(threshold)})", "buffer")
+        if large:
+            add("gpu", "persistent weights, whole on every GPU", b * large,
+                f"{b} B x {_count(large)}: the weight tensors of at most {_count(threshold)} elements "
+                "(stage3_param_persistence_threshold) stay gathered beside their partitions", "buffer")
         prefetch = _resolve(spec.prefetch_bucket_size, int(0.9 * H * H))
         live = min(P, max(spec.max_live_parameters, shape.largest_module_params + prefetch))
         add("gpu", "gathered params (live)", b * live,

@@ -97,10 +97,24 @@ class ModelShape:
         q_proj = self.hidden * self.q_dim + (self.q_dim if self.attention_bias else 0)
         return max(self.embedding_params, mlp_linear, q_proj)
 
-    @property
-    def small_params(self) -> int:
-        """Parameters below ZeRO-3's persistence threshold (10 x hidden): the RMSNorm weights."""
-        return (2 * self.layers + 1) * self.hidden
+    def tensor_sizes(self) -> list[tuple[int, int]]:
+        """(elements, how many) of each kind of parameter tensor: what ZeRO-3's persistence threshold is compared
+        with, tensor by tensor."""
+        L, h = self.layers, self.hidden
+        sizes = [(self.embedding_params, 1), (h, 2 * L + 1), (h * self.q_dim, 2 * L), (h * self.kv_dim, 2 * L),
+                 (h * self.ffn, 3 * L)]
+        if self.lm_head_params:
+            sizes.append((self.lm_head_params, 1))
+        if self.attention_bias:
+            sizes += [(self.q_dim, L), (self.kv_dim, 2 * L), (h, L)]
+        if self.mlp_bias:
+            sizes += [(self.ffn, 2 * L), (h, L)]
+        return sizes
+
+    def persistent_params(self, threshold: int) -> int:
+        """Elements in the tensors of at most `threshold` elements, which ZeRO-3 keeps whole on every GPU
+        (`stage3_param_persistence_threshold`; "auto" = 10 x hidden leaves the norms)."""
+        return sum(n * count for n, count in self.tensor_sizes() if n <= threshold)
 
 
 def matmul_params(shape: ModelShape) -> int:

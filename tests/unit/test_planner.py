@@ -110,6 +110,26 @@ def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
             assert option.spec.param_persistence_threshold != EVERY_PARAMETER
 
 
+def test_a_large_persistence_threshold_keeps_whole_weights_on_every_gpu():
+    """DeepSpeed keeps a tensor of at most `stage3_param_persistence_threshold` elements gathered (`ds_numel <=
+    threshold`), beside its partition. 1e8 on Llama-3-8B: every layer matrix (the largest, an MLP projection, is
+    58.7M), not the 525M embedding or lm_head."""
+    import dataclasses
+
+    s8 = load_shape("8b")
+    for shape in (s8, dataclasses.replace(s8, attention_bias=True, mlp_bias=True, tied_embeddings=True)):
+        assert sum(n * count for n, count in shape.tensor_sizes()) == shape.params
+    assert s8.persistent_params(10 * 4096) == (2 * 32 + 1) * 4096  # "auto": the norms
+    layer_weights = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    assert s8.persistent_params(100_000_000) == layer_weights + (2 * 32 + 1) * 4096
+    hw = Hardware(1, 2, 141 * GB, None)
+    default = _terms(plan(s8, hw, Training(4096, 1, 1), ZeroSpec(stage=3)))
+    whole = _terms(plan(s8, hw, Training(4096, 1, 1), ZeroSpec(stage=3, param_persistence_threshold=100_000_000)))
+    assert "persistent weights, whole on every GPU" not in default
+    assert whole["persistent weights, whole on every GPU"] == 2 * layer_weights  # 14.0 GB on each of the 2 GPUs
+    assert whole["persistent small params + grads (norms)"] == default["persistent small params + grads (norms)"]
+
+
 def test_zero2_peaks_at_backward_or_at_the_optimizer_step_never_both():
     """Measured on 2 x H200 (benchmarks/README.md): ZeRO-2's fp32 gradient partition and the flattened 16-bit copy
     it is cast from exist only inside the step; with checkpointing the step is the peak."""
