@@ -1,5 +1,7 @@
-"""One rank, ZeRO-3, every parameter persistent (what the planner chooses for one GPU): DeepSpeed takes the setting,
-keeps every parameter whole, and trains exactly as with the default threshold (fp32 on CPU)."""
+"""ZeRO-3's persistence threshold as the planner models it. One rank, every parameter persistent (the planner's
+one-GPU choice): DeepSpeed takes the setting, keeps every parameter whole, and trains exactly as with the default
+threshold (fp32 on CPU). Two ranks: a persistent tensor is whole beside its partition, and the persistent elements
+are the planner's `persistent_params`."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from hf_zero3.config.spec import EVERY_PARAMETER
 from hf_zero3.run.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, run
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("single_rank_env")]
+pytestmark = pytest.mark.integration
 
 
+@pytest.mark.usefixtures("single_rank_env")
 def test_every_parameter_persists_on_one_rank_and_the_losses_do_not_change(tmp_path):
     from transformers import TrainerCallback
 
@@ -51,3 +54,24 @@ def test_every_parameter_persists_on_one_rank_and_the_losses_do_not_change(tmp_p
     assert probe.persist and all(probe.persist), probe.persist
     every, auto = losses(tmp_path / "every"), losses(tmp_path / "auto")
     assert len(every) == 5 and every == pytest.approx(auto, abs=1e-6)
+
+
+def test_on_two_ranks_a_persistent_tensor_is_whole_beside_its_partition(tmp_path):
+    from hf_zero3.plan.shapes import load_shape
+
+    threshold = 100_000  # the tiny model's layer matrices (at most 45,056), not its embedding or lm_head (131,072)
+    config = json.loads((ROOT / "recipes/tiny/ds_config.json").read_text())
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = threshold
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    proc = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "tests/integration/persistence_probe.py",
+                tmp_path / "probe", TINY_YAML, "--deepspeed", tmp_path / "ds.json", "--output_dir", tmp_path / "out",
+                "--max_steps", "1", "--save_strategy", "no", "--validation_file", "null"])
+    assert proc.returncode == 0, explain(proc)
+    for rank in (0, 1):
+        params = json.loads((tmp_path / "probe" / f"rank{rank}.json").read_text())
+        persistent = [p for p in params if p["persist"]]
+        assert [p["name"] for p in params if p["numel"] <= threshold] == [p["name"] for p in persistent]
+        assert all(p["whole"] == p["numel"] and 0 < p["partition"] < p["numel"] for p in persistent), persistent
+        assert all(p["whole"] == 0 for p in params if not p["persist"])  # released after use
+        assert sum(p["numel"] for p in persistent) == load_shape(str(ROOT / "assets/tiny/model")).persistent_params(
+            threshold)
