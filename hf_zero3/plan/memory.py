@@ -464,7 +464,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         notes.append("one GPU: ZeRO-3's gathers are views of the parameters' partition, no gather buffers"
                      + (" (every parameter persists: no per-module fetch)"
                         if spec.param_persistence_threshold == EVERY_PARAMETER else ""))
-    if stage == 3 and not gathers_are_views(spec, hardware):
+    elif stage == 3:
         threshold = _resolve(spec.param_persistence_threshold, 10 * H)
         small = shape.persistent_params(min(threshold, 10 * H))
         large = shape.persistent_params(threshold) - small
@@ -480,7 +480,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         add("gpu", "gathered params (live)", b * live,
             f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
             f" + prefetch {_count(prefetch)} if larger, at most P", "buffer", phase="backward")
-    if stage == 3:
+    if stage == 3:  # on one GPU too: a module's gradient is whole before it goes to the partition
         add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
             f"{b} B x {_count(shape.largest_module_params)}", "buffer", phase="backward")
     reduce_bucket = _resolve(spec.reduce_bucket_size, H * H)
@@ -591,10 +591,9 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
         specs += [{**opt, **small, "offload_optimizer": nvme}, {**both, **small, "offload_optimizer": nvme},
                   {**both, **small, "offload_optimizer": nvme, "offload_param": nvme}]
     specs = [ZeroSpec(**{**s, "precision": precision}) for s in specs]
-    if hardware.world_size == 1:  # nothing to partition: every parameter persists, at no memory cost (EVERY_PARAMETER)
-        specs = [ZeroSpec(**{**s.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER})
-                 if gathers_are_views(s, hardware) else s for s in specs]
-    return specs
+    # one GPU: every parameter persists, which costs nothing there and skips the per-module fetch (EVERY_PARAMETER)
+    return [ZeroSpec(**{**s.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER})
+            if gathers_are_views(s, hardware) else s for s in specs]
 
 
 def gathers_are_views(spec: ZeroSpec, hardware: Hardware) -> bool:
