@@ -394,7 +394,7 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
 def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, target: Target) -> int:
     """The planner's choice for this world size, then the recipe's own config measured against the same hardware."""
     from hf_zero3.config.convert import spec_from_ds_config
-    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
     from hf_zero3.plan.hardware import detect_hardware
     from hf_zero3.plan.memory import PlanError, Training, choose, gb, plan
     from hf_zero3.plan.report import print_choice
@@ -456,6 +456,10 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
           + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
     for note in ours.notes:
         print(f"          {note}")
+    if (best is not None and best.spec.param_persistence_threshold == EVERY_PARAMETER
+            and ours.spec.param_persistence_threshold != EVERY_PARAMETER):
+        print(f"          the planner also sets stage3_param_persistence_threshold: {EVERY_PARAMETER} (every "
+              "parameter whole: free on one GPU, 1.33x on a 7B; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)")
     return max(rc, 0 if ours.fits else 1)
 
 

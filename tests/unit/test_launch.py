@@ -236,6 +236,25 @@ def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
     assert gpu(plain) - gpu(liger) > 30
 
 
+def test_dry_run_on_one_gpu_says_the_planner_keeps_every_parameter_whole(capsys, tmp_path):
+    """On one GPU the planner's config persists every parameter; a recipe config that does not hears of it once."""
+    import json
+
+    from hf_zero3.config.spec import EVERY_PARAMETER
+
+    argv = ["--target", "1x1x141GiB", str(ROOT / "recipes" / "7b"), "--per_device_train_batch_size", "1",
+            "--gradient_accumulation_steps", "16", "--use_liger_kernel", "true"]
+    config = json.loads((ROOT / "recipes" / "tiny" / "ds_config.json").read_text())  # ZeRO-3, threshold "auto"
+    (tmp_path / "zero3.json").write_text(json.dumps(config))
+    main([*argv, "--deepspeed", str(tmp_path / "zero3.json")], {"DRY_RUN": "1", "HOST_RAM": "125GiB"})
+    told = capsys.readouterr().out
+    assert f"the planner also sets stage3_param_persistence_threshold: {EVERY_PARAMETER}" in told
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = EVERY_PARAMETER
+    (tmp_path / "zero3.json").write_text(json.dumps(config))
+    main([*argv, "--deepspeed", str(tmp_path / "zero3.json")], {"DRY_RUN": "1", "HOST_RAM": "125GiB"})
+    assert "the planner also sets" not in capsys.readouterr().out
+
+
 def test_a_bad_gpu_mem_names_the_setting_not_a_plan_flag(capsys):
     """GPU_MEM is the launcher's setting: its error says GPU_MEM and the size grammar (it used to be re-parsed as
     `hf-zero3 plan --gpu-mem` and reported as that flag)."""
