@@ -139,6 +139,7 @@ def check_ds_config(
     findings += _check_precision(config, device, training_args)
     findings += _bridge_matches(config, training_args or {})
     findings += _zero(config)
+    findings += _persistence(config, world_size)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
     seen: set[tuple[str, str]] = set()
     unique = []
@@ -455,6 +456,26 @@ def _zero(config: dict) -> list[Finding]:
                                 "folder. Set it to true unless rank 0's host RAM cannot hold a 16-bit copy of the "
                                 "whole model at each save (`hf-zero3 plan` counts it)"))
     return findings
+
+
+WHOLE_MODEL_THRESHOLD = 10**10
+"""A persistence threshold at least this large keeps every tensor of any model we plan for whole (the largest, a
+256k x 32k embedding, has 8.4e9 elements)."""
+
+
+def _persistence(config: dict, world_size: int | None) -> list[Finding]:
+    """The one-GPU setting `stage3_param_persistence_threshold: EVERY_PARAMETER` taken to more GPUs keeps the whole
+    16-bit model on each of them, beside its partitions."""
+    threshold = _get(config, "zero_optimization.stage3_param_persistence_threshold")
+    if (_get(config, "zero_optimization.stage", 0) != 3 or not world_size or world_size < 2
+            or not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
+            or threshold < WHOLE_MODEL_THRESHOLD):
+        return []
+    return [Finding("warning", "zero_optimization.stage3_param_persistence_threshold",
+                    f"{threshold} keeps every parameter whole on each of the {world_size} ranks, beside its "
+                    "partition: the whole 16-bit model on every GPU. That is the planner's choice for one GPU, "
+                    "where it costs nothing; on more, set \"auto\" (or a value below the layer matrices, which "
+                    "`hf-zero3 plan` counts)")]
 
 
 def _activation_checkpointing(block: Any) -> list[Finding]:

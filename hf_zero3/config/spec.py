@@ -19,7 +19,8 @@ EVERY_PARAMETER = 2**63 - 1
 """A `param_persistence_threshold` that keeps every parameter whole (DeepSpeed's own "no limit", sys.maxsize). On one
 rank without parameter offload, ZeRO-3's gathers are views of the partition (DeepSpeed 0.19 `NoGatherHandle`), so it
 costs no memory; it skips the per-module fetch and the stream synchronization each fetch waits on. Measured on a 7B,
-1 x H200, global batch 16: 1.33x tokens/s, the same peak memory (benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)."""
+1 x H200, global batch 16: 1.33x tokens/s, the same peak memory
+(benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)."""
 
 
 class Strict(BaseModel):
@@ -116,7 +117,8 @@ class ZeroSpec(Strict):
     prefetch_bucket_size: PositiveIntOrAuto = "auto"
     """ZeRO-3: parameter elements fetched ahead; "auto" = 0.9 * hidden_size**2."""
     param_persistence_threshold: PositiveIntOrAuto = "auto"
-    """ZeRO-3: parameters smaller than this stay whole on every GPU; "auto" = 10 * hidden_size."""
+    """ZeRO-3: parameter tensors of at most this many elements stay whole on every GPU, beside their partitions;
+    "auto" = 10 * hidden_size (the norms). On one GPU the planner sets EVERY_PARAMETER."""
     max_live_parameters: int = Field(1_000_000_000, ge=1)
     """ZeRO-3: most parameter elements gathered at once (caps peak memory)."""
     max_reuse_distance: int = Field(1_000_000_000, ge=0)

@@ -463,14 +463,15 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     if gathers_are_views(spec, hardware):
         notes.append("one GPU: ZeRO-3's gathers are views of the parameters' partition, no gather buffers"
                      + (" (every parameter persists: no per-module fetch)"
-                        if spec.param_persistence_threshold == EVERY_PARAMETER else ""))
+                        if persists_every_parameter(spec, shape) else ""))
     elif stage == 3:
         threshold = _resolve(spec.param_persistence_threshold, 10 * H)
         small = shape.persistent_params(min(threshold, 10 * H))
         large = shape.persistent_params(threshold) - small
         if small:
             add("gpu", "persistent small params + grads (norms)", 2 * b * small,
-                f"2 x {b} B x {_count(small)} (at most persistence threshold {_count(threshold)})", "buffer")
+                f"2 x {b} B x {_count(small)}: the tensors of at most {_count(min(threshold, 10 * H))} elements "
+                "(norms, biases)", "buffer")
         if large:
             add("gpu", "persistent weights, whole on every GPU", b * large,
                 f"{b} B x {_count(large)}: the weight tensors of at most {_count(threshold)} elements "
@@ -594,6 +595,13 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
     # one GPU: every parameter persists, which costs nothing there and skips the per-module fetch (EVERY_PARAMETER)
     return [ZeroSpec(**{**s.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER})
             if gathers_are_views(s, hardware) else s for s in specs]
+
+
+def persists_every_parameter(spec: ZeroSpec, shape: ModelShape) -> bool:
+    """Whether ZeRO-3's persistence threshold keeps every tensor of this model whole (EVERY_PARAMETER, or any value
+    at least its largest tensor)."""
+    threshold = _resolve(spec.param_persistence_threshold, 10 * shape.hidden)
+    return spec.stage == 3 and shape.persistent_params(threshold) == shape.params
 
 
 def gathers_are_views(spec: ZeroSpec, hardware: Hardware) -> bool:

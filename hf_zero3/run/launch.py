@@ -396,7 +396,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     from hf_zero3.config.convert import spec_from_ds_config
     from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
     from hf_zero3.plan.hardware import detect_hardware
-    from hf_zero3.plan.memory import PlanError, Training, choose, gb, plan
+    from hf_zero3.plan.memory import PlanError, Training, choose, gathers_are_views, gb, persists_every_parameter, plan
     from hf_zero3.plan.report import print_choice
     from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_config_shape, load_shape
     from hf_zero3.run.distributed import cuda_available
@@ -456,8 +456,8 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
           + (" (the planner's choice)" if same else f" (the planner's choice: {best.label})" if best else ""))
     for note in ours.notes:
         print(f"          {note}")
-    if (best is not None and best.spec.param_persistence_threshold == EVERY_PARAMETER
-            and ours.spec.param_persistence_threshold != EVERY_PARAMETER):
+    if (best is not None and gathers_are_views(ours.spec, hardware) and persists_every_parameter(best.spec, shape)
+            and not persists_every_parameter(ours.spec, shape)):
         print(f"          the planner also sets stage3_param_persistence_threshold: {EVERY_PARAMETER} (every "
               "parameter whole: free on one GPU, 1.33x on a 7B; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)")
     return max(rc, 0 if ours.fits else 1)

@@ -284,3 +284,19 @@ def test_new_refuses_offload_settings_without_offload(capsys, flag):
     assert cli(["config", "new", "--stage", "3", *flag]) == 2
     err = capsys.readouterr().err
     assert "but they are not: add --offload-optimizer cpu" in err, err
+
+
+def test_the_one_gpu_persistence_on_more_ranks_is_a_warning():
+    """`stage3_param_persistence_threshold: EVERY_PARAMETER` (the planner's one-GPU choice) on 2 ranks keeps the
+    whole 16-bit model on each GPU; a threshold below the layer matrices, or one rank, is nothing to report."""
+    from hf_zero3.config.spec import EVERY_PARAMETER
+
+    everything = edit("zero_optimization.stage3_param_persistence_threshold", EVERY_PARAMETER)
+    warned = messages(everything, "warning", world_size=2)
+    assert any("keeps every parameter whole on each of the 2 ranks" in m and '"auto"' in m for m in warned), warned
+    assert not [m for m in messages(everything, "warning", world_size=1) if "persistence" in m]
+    assert not [m for m in messages(everything, "warning") if "persistence" in m]  # world size unknown
+    below = edit("zero_optimization.stage3_param_persistence_threshold", 100_000_000)
+    assert not [m for m in messages(below, "warning", world_size=8) if "persistence" in m]
+    as_float = edit("zero_optimization.stage3_param_persistence_threshold", 1e11)
+    assert [m for m in messages(as_float, "warning", world_size=2) if "persistence" in m]

@@ -253,6 +253,10 @@ def test_dry_run_on_one_gpu_says_the_planner_keeps_every_parameter_whole(capsys,
     (tmp_path / "zero3.json").write_text(json.dumps(config))
     main([*argv, "--deepspeed", str(tmp_path / "zero3.json")], {"DRY_RUN": "1", "HOST_RAM": "125GiB"})
     assert "the planner also sets" not in capsys.readouterr().out
+    config["zero_optimization"].update(stage3_param_persistence_threshold="auto", offload_param={"device": "cpu"})
+    (tmp_path / "zero3.json").write_text(json.dumps(config))  # parameters on the host: persisting them is not free
+    main([*argv, "--deepspeed", str(tmp_path / "zero3.json")], {"DRY_RUN": "1", "HOST_RAM": "125GiB"})
+    assert "the planner also sets" not in capsys.readouterr().out
 
 
 def test_a_bad_gpu_mem_names_the_setting_not_a_plan_flag(capsys):

@@ -91,7 +91,8 @@ def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
     one, two = Hardware(1, 1, 141 * GB, 134 * GB), Hardware(1, 2, 141 * GB, 134 * GB)
     spec = ZeroSpec(stage=3)
     alone, pair = plan(S7, one, Training(4096, 1, 1), spec), plan(S7, two, Training(4096, 1, 1), spec)
-    assert "gathered params (live)" not in _terms(alone) and "persistent small params + grads (norms)" not in _terms(alone)
+    assert "gathered params (live)" not in _terms(alone)
+    assert "persistent small params + grads (norms)" not in _terms(alone)
     assert _terms(pair)["gathered params (live)"] == 2 * 1_000_000_000
     assert "gathered grads (largest module)" in _terms(alone)  # gradients are still made whole, then partitioned
     assert any("views" in note for note in alone.notes) and not any("views" in note for note in pair.notes)
@@ -122,6 +123,7 @@ def test_a_large_persistence_threshold_keeps_whole_weights_on_every_gpu():
     assert s8.persistent_params(10 * 4096) == (2 * 32 + 1) * 4096  # "auto": the norms
     layer_weights = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert s8.persistent_params(100_000_000) == layer_weights + (2 * 32 + 1) * 4096
+    assert s8.persistent_params(4096 * 1024) == 32 * 2 * 4096 * 1024 + (2 * 32 + 1) * 4096  # k, v: at most, not below
     hw = Hardware(1, 2, 141 * GB, None)
     default = _terms(plan(s8, hw, Training(4096, 1, 1), ZeroSpec(stage=3)))
     whole = _terms(plan(s8, hw, Training(4096, 1, 1), ZeroSpec(stage=3, param_persistence_threshold=100_000_000)))
