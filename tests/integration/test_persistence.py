@@ -16,22 +16,9 @@ from tests.conftest import ROOT, TINY_YAML, explain, losses, run
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.usefixtures("single_rank_env")
 def test_every_parameter_persists_on_one_rank_and_the_losses_do_not_change(tmp_path):
-    from transformers import TrainerCallback
-
-    from hf_zero3.run.train import main
-
-    class Persistence(TrainerCallback):
-        """Which parameters DeepSpeed keeps whole (`ds_persist`), seen from inside the run."""
-
-        def __init__(self):
-            self.persist = []
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if not self.persist:
-                self.persist = [bool(getattr(p, "ds_persist", False)) for p in model.parameters()]
-
+    """Both runs in their own processes: a ZeRO-3 run inside pytest's process would leave DeepSpeed's process groups
+    behind for the in-process tests after it."""
     config = json.loads((ROOT / "recipes/tiny/ds_config.json").read_text())
     common = ["--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", "--validation_file", "null",
               "--learning_rate", "1e-3"]
@@ -41,19 +28,19 @@ def test_every_parameter_persists_on_one_rank_and_the_losses_do_not_change(tmp_p
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(config))
 
-    # the default threshold through the recipe's launcher on one rank; the planner's through the Trainer in-process,
-    # where a callback can look at the parameters (a process group cannot be set up twice in one process)
     default = run([ROOT / "recipes/tiny/launch.sh", "--deepspeed", paths["auto"], "--output_dir", tmp_path / "auto",
                    *common], NUM_GPUS="1", MASTER_PORT=str(free_port()))
     assert default.returncode == 0, explain(default)
     assert "ZeRO stage 3 | world size 1" in default.stdout
-    probe = Persistence()
-    argv = [str(TINY_YAML), "--deepspeed", str(paths["every"]), "--output_dir", str(tmp_path / "every"), *common]
-    assert main(argv, extra_callbacks=[probe]) == 0
+    every = run(["deepspeed", "--num_gpus", "1", "--master_port", free_port(), "tests/integration/persistence_probe.py",
+                 tmp_path / "probe", TINY_YAML, "--deepspeed", paths["every"], "--output_dir", tmp_path / "every",
+                 *common])
+    assert every.returncode == 0, explain(every)
 
-    assert probe.persist and all(probe.persist), probe.persist
-    every, auto = losses(tmp_path / "every"), losses(tmp_path / "auto")
-    assert len(every) == 5 and every == pytest.approx(auto, abs=1e-6)
+    params = json.loads((tmp_path / "probe" / "rank0.json").read_text())
+    assert params and all(p["persist"] and p["whole"] == p["partition"] == p["numel"] for p in params), params
+    assert losses(tmp_path / "every") == pytest.approx(losses(tmp_path / "auto"), abs=1e-6)
+    assert len(losses(tmp_path / "every")) == 5
 
 
 def test_on_two_ranks_a_persistent_tensor_is_whole_beside_its_partition(tmp_path):

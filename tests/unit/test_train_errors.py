@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import shutil
@@ -274,15 +276,26 @@ def test_all_input_problems_are_reported_together(tmp_path, capsys):
     assert f"error: tokenizer_name {tmp_path} holds no tokenizer" in err
 
 
+def _process_group_threads() -> set[str]:
+    """Thread ids of this process's gloo and TCPStore threads (ids: an earlier in-process run may have left its own)."""
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() in {"pt_gloo_runloop", "gloo_tcp_loop",
+                                                                          "pt_tcpstore_uv"}:
+                found.add(tid)
+    return found
+
+
 def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_threads(tmp_path, capsys):
     """The cause of the exit-134 aborts: gloo and TCPStore threads still running while the interpreter exits."""
     import torch.distributed as dist
 
+    before = _process_group_threads()
     err = train_fails_with(capsys, TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "o")
     assert "text_column 'nope' not found in the train data" in err
     assert not dist.is_initialized()
-    threads = {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")}
-    assert not threads & {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}, threads
+    assert not _process_group_threads() - before
 
 
 def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
