@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from hf_zero3.checkpoint.lifecycle import optim_states_files
 from tests.conftest import ROOT, explain, losses_by_step, run, weights
 from tests.integration.test_recipes import shrunk_config
 
@@ -44,7 +45,7 @@ def test_resume_from_an_nvme_checkpoint_matches_the_uninterrupted_run(tmp_path, 
         assert proc.returncode == 0, explain(proc)
 
     train("straight")
-    shard = next((tmp_path / "straight/checkpoint-3/global_step3").glob("*zero_pp_rank_0_*optim_states.pt"))
+    shard, = optim_states_files(tmp_path / "straight/checkpoint-3/global_step3", 0)
     groups = torch.load(shard, weights_only=False, map_location="cpu")["optimizer_state_dict"]["fp32_flat_groups"]
     in_memory = sum(g.numel() > 0 for g in groups)
     assert (in_memory > 0) == bool(sub_group_size) and in_memory < len(groups), [g.numel() for g in groups]
