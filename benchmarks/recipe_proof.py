@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.spec:
             (variant_dir / "ds_config.json").write_text(render(build_ds_config(spec)))
         planned = plan(shape, hardware, Training(args.seq_len, micro, accum, load_bytes=4, liger=liger), spec)
-        overrides = ["--per_device_train_batch_size", str(micro), "--gradient_accumulation_steps", str(accum)]
+        train_args = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}
         how = f"the {args.spec} spec with the recipe's arguments" if args.spec else "the recipe's ds_config as shipped"
     else:
         choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, precision=precision,
@@ -128,16 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         planned = choice.plan
         (variant_dir / "ds_config.json").write_text(json.dumps(choice.ds_config, indent=2))
-        overrides = []
-        for key, value in choice.training_args.items():
-            overrides += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value).lower()
-                          if isinstance(value, bool) else str(value)]
+        train_args = dict(choice.training_args)
         how = f"the planner's choice: {describe_plan(planned)}"
-    if "--use_liger_kernel" not in overrides:
-        overrides += ["--use_liger_kernel", "true" if liger else "false"]
+    # in our folder's train_args.yaml, not on the command line, so that a --variant can change them
+    update_train_args(variant_dir, {"use_liger_kernel": liger, **train_args})
     extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
              str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
-             "--block_size", str(args.seq_len), *overrides]
+             "--block_size", str(args.seq_len)]
     if args.cpu:
         extra += ["--use_cpu", "true", "--bf16", "false"]
     cmd = [sys.executable, "-m", "hf_zero3", "bench", str(variant_dir), "--steps", str(args.steps), "--warmup",
@@ -203,21 +202,34 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def update_train_args(folder: Path, values: dict) -> None:
+    """Set TrainingArguments in a recipe folder's train_args.yaml (its comments are not kept: a scratch copy)."""
+    path = folder / "train_args.yaml"
+    path.write_text(yaml.safe_dump({**(yaml.safe_load(path.read_text()) or {}), **values}, sort_keys=False))
+
+
 def write_variant(item: str, ours: Path, work: Path) -> str:
-    """A copy of our folder whose ds_config has the keys of `NAME=KEY=VALUE,...` changed; bench's NAME=FOLDER."""
+    """A copy of our folder with the keys of `NAME=KEY=VALUE,...` changed (VALUE in JSON), bench's NAME=FOLDER: KEY
+    is a dotted ds_config key, or `train.ARG` for a TrainingArguments value in train_args.yaml (a micro batch change
+    needs both: train.per_device_train_batch_size and train_micro_batch_size_per_gpu)."""
     name, _, changes = item.partition("=")
     folder = work / f"variant-{name}"
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(ours, folder)
     config = json.loads((folder / "ds_config.json").read_text())
+    train_args = {}
     for change in changes.split(","):
         key, _, value = change.partition("=")
+        if key.startswith("train."):
+            train_args[key.removeprefix("train.")] = json.loads(value)
+            continue
         *parents, leaf = key.split(".")
         node = config
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = json.loads(value)
     (folder / "ds_config.json").write_text(json.dumps(config, indent=2))
+    update_train_args(folder, train_args)
     return f"{name}={folder}"
 
 
