@@ -267,11 +267,11 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
                      f"{_fmt(r['mfu'], 1, 100, '%')} | {_fmt(r['gpu_peak_allocated_gb'], 2)} | "
                      f"{_fmt(r['gpu_peak_reserved_gb'], 2)} | {_fmt(r['host_rss_gb'], 2)} | {_fmt(r['step_time_s'], 3)} | "
                      f"{breakdown} | {_fmt(r['final_loss'], 3)} | {spread} |")
-    ours = results.get("ours", {})
+    ours = results.get("ours", {}).get("tokens_per_s_per_gpu")  # none when `--only` left ours out
     for name, r in results.items():
-        if name != "ours" and "error" not in r and "error" not in ours and r.get("tokens_per_s_per_gpu"):
+        if name != "ours" and ours and "error" not in r and r.get("tokens_per_s_per_gpu"):
             lines.append("")
-            lines.append(f"ours / {name}: {ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
+            lines.append(f"ours / {name}: {ours / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
     if any(len(r.get("runs", [])) > 1 for r in results.values()):
         lines += ["", "Each run (repeats interleaved: every variant once, then again):", "",
                   "| config | repeat | tokens/s/GPU | MFU | peak alloc GiB | peak reserved GiB | step s |",

@@ -70,6 +70,8 @@ def test_repeats_report_medians_spread_and_each_run():
     assert "| ours | 2 | 9000 |" in text and "| stock_tuned | 2 | failed: exit 1: OOM |" in text
     assert "3 run(s) per config" in text
     assert aggregate([{"error": "exit 1: x"}])["error"] == "exit 1: x"
+    without_ours = render_report(meta, {"stock_tuned": stock})  # `--only stock_tuned`: a table, no ratio
+    assert "| stock_tuned | 7500 |" in without_ours and "ours /" not in without_ours
 
 
 def test_a_scratch_run_folder_is_emptied_only_when_the_bench_made_it(tmp_path):
