@@ -19,7 +19,7 @@ from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.speed import fastest
+from hf_zero3.plan.speed import fastest, faster_measured
 
 GB = 10**9
 CUDA_CONTEXT_BYTES = 3 * GB
@@ -592,9 +592,21 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
         specs += [{**opt, **small, "offload_optimizer": nvme}, {**both, **small, "offload_optimizer": nvme},
                   {**both, **small, "offload_optimizer": nvme, "offload_param": nvme}]
     specs = [ZeroSpec(**{**s, "precision": precision}) for s in specs]
-    # one GPU: every parameter persists, which costs nothing there and skips the per-module fetch (EVERY_PARAMETER)
-    return [ZeroSpec(**{**s.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER})
-            if gathers_are_views(s, hardware) else s for s in specs]
+    return [_one_gpu(s) if gathers_are_views(s, hardware) else s for s in specs]
+
+
+ONE_GPU_BUCKETS = {"reduce_bucket_size": 500_000_000, "overlap_comm": False}
+"""ZeRO-3 on one GPU without offload: gradients in 5e8-element buckets, without the side stream. A one-rank
+reduce-scatter is a copy, there is nothing to overlap, and "auto" (hidden²) makes ~400 of them per micro-step. On a 7B
+that ran 1.06x, +0.9 GiB, one run each (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md). Not with optimizer
+offload: there the side stream overlaps the gradient copies to the host, which bound that step (unmeasured)."""
+
+
+def _one_gpu(spec: ZeroSpec) -> ZeroSpec:
+    """ZeRO-3 on one GPU with its parameters there: every parameter persists (free there, and it skips the per-module
+    fetch: 1.33x on a 7B, EVERY_PARAMETER), and without offload the ONE_GPU_BUCKETS."""
+    lean = ONE_GPU_BUCKETS if spec.offload_optimizer.device == "none" else {}
+    return ZeroSpec(**{**spec.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER, **lean})
 
 
 def persists_every_parameter(spec: ZeroSpec, shape: ModelShape) -> bool:
@@ -625,6 +637,11 @@ def tier_key(p: Plan) -> tuple:
     `hf-zero3 export` turns into one after training); within a tier, measured speed decides (`plan.speed`)."""
     return (_offload_level(p.spec), p.spec.activation_checkpointing, p.spec.activation_offload,
             not p.spec.offload_optimizer.pin_memory, not p.spec.gather_16bit_weights_on_save)
+
+
+def _with_checkpointing(key: tuple) -> tuple:
+    """`tier_key` of the same tier with checkpointing on (activations still on the GPU)."""
+    return (key[0], True, False, *key[3:])
 
 
 def cost_key(p: Plan) -> tuple:
@@ -699,8 +716,8 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
            load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
-    checkpointing unless needed, each stage at its largest fitting micro batch, and between ZeRO-2 and ZeRO-3 the one
-    measured faster (`plan.speed.fastest`). A plan that fits only tightly (`Plan.tight`) is chosen only when no
+    checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
+    micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only tightly (`Plan.tight`) is chosen only when no
     plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
@@ -710,8 +727,13 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
     tried = candidates(shape, hardware, seq_len, **kwargs)
     fitting = [p for p in tried if p.fits and not p.tight] or [p for p in tried if p.fits]
     if fitting:
+        table = () if speed_table is None else (speed_table,)
         tier = [p for p in fitting if tier_key(p) == tier_key(fitting[0])]
-        best, why = fastest(tier, shape, hardware, seq_len, *(() if speed_table is None else (speed_table,)))
+        best, why = fastest(tier, shape, hardware, seq_len, *table)
+        recompute = [p for p in fitting if tier_key(p) == _with_checkpointing(tier_key(best))]
+        if recompute and not best.spec.activation_checkpointing:
+            other, _ = fastest(recompute, shape, hardware, seq_len, *table)
+            best, why = faster_measured(best, other, shape, hardware, seq_len, *table) or (best, why)
         best = _with_offload_hint(best, tried)
         args = {**training_args_overrides(best.spec), **({"use_liger_kernel": True} if liger else {})}
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), args, why)

@@ -1,4 +1,5 @@
-"""Measured training speed: which of two fitting ZeRO stages is faster, and the benchmark file that says so.
+"""Measured training speed: which of two fitting ZeRO stages (or checkpointing or not) is faster, and the file that
+says so.
 
 Why a table: memory says what fits, not what is fast. On 2 x H200 with the 8B shape ZeRO-2 at micro 1 ran 1.17x stock
 ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran 1.22x ZeRO-2 (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md):
@@ -6,7 +7,9 @@ no rule of thumb orders them, only a measurement. Speeds vary between machines b
 (shared/ENGINEERING.md), so two stages are compared only through figures from one benchmark file (one lease).
 
 `fastest` gets the fitting plans of the cheapest memory tier (same offload and checkpointing) in `cost_key` order and
-returns one with the reason. Pure: no CUDA, no file reads; the figures are copied from the reports named in `source`.
+returns one with the reason; `faster_measured` then weighs that against the best plan with checkpointing, when one
+file measured both exactly (on one GPU a larger micro batch can outrun the recompute). Pure: no CUDA, no file reads;
+the figures are copied from the reports named in `source`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Measurement:
 
 _TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
 _LLAMA3_8B = 8_030_261_248
+_ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
+_LLAMA2_7B = 6_738_415_616
 MEASURED: tuple[Measurement, ...] = (
     Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, True, False, 3, 10_121, _TUNED,
                 "ours: recipe 8b v2, ZeRO-3 (5e8 buckets) + Liger, micro 3 x 2, median of 3 runs"),
@@ -62,6 +67,12 @@ MEASURED: tuple[Measurement, ...] = (
                 "stock_tuned: stock ZeRO-3 template, micro 2 x 3, median of 3 runs"),
     Measurement(_LLAMA3_8B, 4096, 2, 140.0, 2, False, False, 1, 8_323, _TUNED,
                 "zero2_tuned: stock ZeRO-2 template, micro 1 x 6, one run"),
+    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, False, 1, 9_410, _ONE_GPU,
+                "lean: ZeRO-3 one-GPU settings + Liger, micro 1 x 16, one run"),
+    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, 4, 9_945, _ONE_GPU,
+                "ck4: the same + checkpointing, micro 4 x 4, one run"),
+    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, 8, 10_089, _ONE_GPU,
+                "ck8: the same + checkpointing, micro 8 x 2, one run"),
 )
 """tokens/s/GPU by (model class, hardware, ZeRO stage, Liger, checkpointing, micro batch). FSDP2 (fsdp2_tuned 8,568 in
 the same file) is not a ZeRO option, so it is not here. Add a row per measured config: same source = same lease."""
@@ -119,3 +130,25 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
         want = f"ZeRO-{s}{' + Liger' if p.training.liger else ''} micro {p.training.micro_batch}"
         said.append(m.describe() + ("" if score == 2 else f" (for {want}: not measured, a lower bound)"))
     return plan, f"ZeRO-{winner} by measured speed: " + " vs ".join(said) + f" ({best_file})"
+
+
+def _describe(p: Plan) -> str:
+    ckpt = " + checkpointing" if p.spec.activation_checkpointing else ""
+    return f"ZeRO-{p.spec.stage}{' + Liger' if p.training.liger else ''}{ckpt} micro {p.training.micro_batch}"
+
+
+def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq_len: int,
+                    table: tuple[Measurement, ...] = MEASURED) -> tuple[Plan, str] | None:
+    """The faster of two plans by one benchmark file that measured both exactly (stage, Liger, checkpointing, micro
+    batch), with why; None without such a file. Why: checkpointing costs a forward's recompute, yet it can win by a
+    larger micro batch, as on one H200 where a 7B fits only micro 1 without it (ZeRO-3's per-micro-step cost is paid
+    16 times for global batch 16 instead of 2)."""
+    rows = [m for m in table if m.applies(shape, hardware, seq_len)]
+    for source in dict.fromkeys(m.source for m in rows):
+        found = [_match(p, [m for m in rows if m.source == source]) for p in (a, b)]
+        if all(f is not None and f[0] == 2 for f in found):
+            (_, ma), (_, mb) = found
+            winner, loser, mw, ml = (b, a, mb, ma) if mb.tokens_per_s > ma.tokens_per_s else (a, b, ma, mb)
+            return winner, (f"{_describe(winner)} by measured speed: {mw.tokens_per_s:,.0f} vs "
+                            f"{ml.tokens_per_s:,.0f} tokens/s/GPU for {_describe(loser)} ({source})")
+    return None

@@ -109,6 +109,16 @@ def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
     for option in choose(S7, one, 4096, global_batch=16).tried:  # with parameter offload nothing is persisted
         if option.spec.offload_param.device != "none":
             assert option.spec.param_persistence_threshold != EVERY_PARAMETER
+    # one GPU without offload: large buckets, no side stream (a one-rank reduce is a copy); with optimizer offload the
+    # side stream overlaps the copies to the host, so it stays
+    assert {k: chosen.ds_config["zero_optimization"][k] for k in ("reduce_bucket_size", "overlap_comm")} == {
+        "reduce_bucket_size": 500_000_000, "overlap_comm": False}
+    assert pair_zero["overlap_comm"] is True and pair_zero["reduce_bucket_size"] != 500_000_000
+    for option in chosen.tried:
+        if option.spec.stage == 3 and option.spec.offload_optimizer.device != "none":
+            assert option.spec.overlap_comm and option.spec.reduce_bucket_size != 500_000_000
+    lean = plan(S7, one, Training(4096, 1, 1), chosen.plan.spec)
+    assert _terms(lean)["reduce bucket"] == 2 * 500_000_000  # the planner counts the larger bucket
 
 
 def test_a_large_persistence_threshold_keeps_whole_weights_on_every_gpu():

@@ -1,5 +1,5 @@
 """The planner's speed choice: measured figures decide between ZeRO-2 and ZeRO-3, each at its largest fitting micro
-batch, checkpointing only when needed; the table quotes its benchmark files exactly."""
+batch, and checkpointing is on only when needed or measured faster; the table quotes its benchmark files exactly."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hf_zero3.cli.main import main
 from hf_zero3.plan.memory import GB, Hardware, choose
 from hf_zero3.plan.shapes import load_shape
-from hf_zero3.plan.speed import MEASURED, Measurement
+from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
 from tests.conftest import ROOT
 
 S8 = load_shape("8b")
@@ -116,3 +116,43 @@ def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
         assert out["liger"] is bool(installed)
         assert out["liger_why"].startswith("on (liger-kernel 0.8.5 installed here" if installed else
                                            "off (liger-kernel not installed here")
+
+
+S7 = load_shape("7b")
+H200 = Hardware(1, 1, 141 * 2**30, 125 * 2**30)
+ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
+
+
+def test_one_h200_7b_checkpoints_at_micro_8_because_it_measured_faster_than_micro_1_without():
+    """Without checkpointing a 7B fits one H200 only at micro 1; with it, micro 8 fits and ran 1.07x in the same lease
+    (ZeRO-3's per-micro-step cost paid twice per step instead of 16 times)."""
+    choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True)
+    p = choice.plan
+    assert (p.label, p.training.micro_batch, p.training.grad_accum) == ("ZeRO-3 + checkpointing", 8, 2)
+    assert choice.speed == (f"ZeRO-3 + Liger + checkpointing micro 8 by measured speed: 10,089 vs 9,410 tokens/s/GPU "
+                            f"for ZeRO-3 + Liger micro 1 ({ONE_GPU})")
+    assert choice.training_args["gradient_checkpointing"] is True
+    assert choice.training_args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert choice.ds_config["train_micro_batch_size_per_gpu"] == 8
+
+
+def test_checkpointing_needs_both_measured_exactly_in_one_file():
+    """A row for micro 4 does not speak for micro 8 (checkpointing's gain is the larger micro batch), and rows from
+    two files are never compared; then the memory order stands: no checkpointing."""
+    without = tuple(m for m in MEASURED if not m.config.startswith("ck8"))
+    assert not choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=without).plan.spec.activation_checkpointing
+    ck8 = next(m for m in MEASURED if m.config.startswith("ck8"))
+    elsewhere = (*without, dataclasses.replace(ck8, source="lease-b.md"))
+    assert not choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=elsewhere).plan.spec.activation_checkpointing
+
+
+def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():
+    lean = next(m for m in MEASURED if m.config.startswith("lean"))
+    quicker = (*(m for m in MEASURED if m is not lean), dataclasses.replace(lean, tokens_per_s=12_000))
+    choice = choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=quicker)
+    assert not choice.plan.spec.activation_checkpointing and choice.plan.training.micro_batch == 1
+    assert choice.speed.startswith("ZeRO-3 + Liger micro 1 by measured speed: 12,000 vs 10,089 tokens/s/GPU for ZeRO-3 "
+                                   "+ Liger + checkpointing micro 8")
+    tried = {(p.spec.activation_checkpointing, p.training.micro_batch): p for p in choice.tried
+             if p.fits and p.label.startswith("ZeRO-3") and "offload" not in p.label}
+    assert faster_measured(tried[(False, 1)], tried[(True, 2)], S7, H200, 4096) is None  # micro 2: not measured
