@@ -577,7 +577,7 @@ PARTIAL_OFFLOAD_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The `offload_optimizer.ratio` values the chooser tries (ZeRO-3, cpu): the least offload that fits wins."""
 
 
-def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
+def _rungs(hardware: Hardware, precision: str, params: int) -> list[ZeroSpec]:
     """The configurations considered (each also with checkpointing, and with checkpointing + activation offload);
     `cost_key` orders them."""
     z2, z3, opt, both = (STANDALONE_CONFIGS[n].model_dump(exclude_unset=True)
@@ -592,20 +592,22 @@ def _rungs(hardware: Hardware, precision: str) -> list[ZeroSpec]:
         specs += [{**opt, **small, "offload_optimizer": nvme}, {**both, **small, "offload_optimizer": nvme},
                   {**both, **small, "offload_optimizer": nvme, "offload_param": nvme}]
     specs = [ZeroSpec(**{**s, "precision": precision}) for s in specs]
-    return [_one_gpu(s) if gathers_are_views(s, hardware) else s for s in specs]
+    return [_one_gpu(s, params) if gathers_are_views(s, hardware) else s for s in specs]
 
 
 ONE_GPU_BUCKETS = {"reduce_bucket_size": 500_000_000, "overlap_comm": False}
-"""ZeRO-3 on one GPU without offload: gradients in 5e8-element buckets, without the side stream. A one-rank
-reduce-scatter is a copy, there is nothing to overlap, and "auto" (hidden²) makes ~400 of them per micro-step. On a 7B
-that ran 1.06x, +0.9 GiB, one run each (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md). Not with optimizer
-offload: there the side stream overlaps the gradient copies to the host, which bound that step (unmeasured)."""
+"""ZeRO-3 on one GPU without offload: gradients in 5e8-element buckets (at most the model's size: DeepSpeed allocates
+the whole bucket), without the side stream. A one-rank reduce-scatter is a copy, there is nothing to overlap, and
+"auto" (hidden²) makes ~400 of them per micro-step. On a 7B that ran 1.06x, +0.9 GiB, one run each
+(benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md). Not with optimizer offload: there the side stream overlaps the
+gradient copies to the host, which bound that step (unmeasured)."""
 
 
-def _one_gpu(spec: ZeroSpec) -> ZeroSpec:
+def _one_gpu(spec: ZeroSpec, params: int) -> ZeroSpec:
     """ZeRO-3 on one GPU with its parameters there: every parameter persists (free there, and it skips the per-module
     fetch: 1.33x on a 7B, EVERY_PARAMETER), and without offload the ONE_GPU_BUCKETS."""
-    lean = ONE_GPU_BUCKETS if spec.offload_optimizer.device == "none" else {}
+    lean = {**ONE_GPU_BUCKETS, "reduce_bucket_size": min(ONE_GPU_BUCKETS["reduce_bucket_size"], params)}
+    lean = lean if spec.offload_optimizer.device == "none" else {}
     return ZeroSpec(**{**spec.model_dump(exclude_unset=True), "param_persistence_threshold": EVERY_PARAMETER, **lean})
 
 
@@ -674,7 +676,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                load_bytes: int | None = None, liger: bool = False) -> list[Plan]:
     """Every configuration the planner considers, cheapest first."""
     plans, kept_seen = [], set()
-    for rung in _rungs(hardware, precision):
+    for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
             kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
             key = (kept, rung.offload_optimizer.pin_memory)

@@ -119,6 +119,10 @@ def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
             assert option.spec.overlap_comm and option.spec.reduce_bucket_size != 500_000_000
     lean = plan(S7, one, Training(4096, 1, 1), chosen.plan.spec)
     assert _terms(lean)["reduce bucket"] == 2 * 500_000_000  # the planner counts the larger bucket
+    tiny = load_shape("tiny")
+    z3 = next(p.spec for p in choose(tiny, one, 256, global_batch=2).tried
+              if p.spec.stage == 3 and p.spec.offload_optimizer.device == "none")
+    assert z3.reduce_bucket_size == tiny.params  # a bucket larger than the model is memory wasted
 
 
 def test_a_large_persistence_threshold_keeps_whole_weights_on_every_gpu():
