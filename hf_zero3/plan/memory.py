@@ -719,8 +719,8 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
            load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
-    micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only tightly (`Plan.tight`) is chosen only when no
-    plan fits with the full margin.
+    micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only
+    tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
     `speed_table`: measurements to decide by (default `plan.speed.MEASURED`)."""

@@ -139,11 +139,13 @@ def test_one_h200_7b_checkpoints_at_micro_8_because_it_measured_faster_than_micr
 def test_checkpointing_needs_both_measured_exactly_in_one_file():
     """A row for micro 4 does not speak for micro 8 (checkpointing's gain is the larger micro batch), and rows from
     two files are never compared; then the memory order stands: no checkpointing."""
+    def checkpoints(table) -> bool:
+        return choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=table).plan.spec.activation_checkpointing
+
     without = tuple(m for m in MEASURED if not m.config.startswith("ck8"))
-    assert not choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=without).plan.spec.activation_checkpointing
     ck8 = next(m for m in MEASURED if m.config.startswith("ck8"))
-    elsewhere = (*without, dataclasses.replace(ck8, source="lease-b.md"))
-    assert not choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=elsewhere).plan.spec.activation_checkpointing
+    assert checkpoints(MEASURED) and not checkpoints(without)
+    assert not checkpoints((*without, dataclasses.replace(ck8, source="lease-b.md")))
 
 
 def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():
