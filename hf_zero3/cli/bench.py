@@ -24,7 +24,9 @@ def add_arguments(verbs) -> None:
                             "--tuned sets them for another model)")
     bench.add_argument("--tuned", action="append", default=[], metavar="NAME=MICRO[+ckpt]",
                        help="a *_tuned baseline's micro batch, and +ckpt for activation checkpointing, where the 8B "
-                            "defaults do not fit (repeatable), e.g. --tuned stock_tuned=4+ckpt for 13b on 2 x H200")
+                            "defaults do not fit, e.g. --tuned stock_tuned=4+ckpt for 13b on 2 x H200. Repeatable; "
+                            "several settings of one baseline each run (as NAME_MICRO[_ckpt]) and the report "
+                            "compares ours with the best: --tuned stock_tuned=1 --tuned stock_tuned=8+ckpt")
     bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
                        help="another recipe folder, run like ours under NAME (repeatable)")
     bench.add_argument("--repeats", type=positive_int, default=1,
@@ -52,7 +54,7 @@ def add_arguments(verbs) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, Tuned, run_bench, tuned_accumulation
+    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, Tuned, run_bench, tuned_accumulation, tuned_variants
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.recipes import RecipeError, get
     from hf_zero3.run.facts import RunFacts
@@ -69,7 +71,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
         return 2
     try:
-        tuned = dict(Tuned.parse(item) for item in args.tuned)
+        tuned = Tuned.collect(args.tuned)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -87,9 +89,12 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         others[name] = Path(folder)
     only = frozenset(a for a in args.only.split(",") if a)
-    if only - {"ours", *others, *against}:
-        print(f"error: --only {args.only}: {sorted(only - {'ours', *others, *against})} not in this bench: name "
-              f"ours, a --variant or a baseline given with --against", file=sys.stderr)
+    settings = {name: tuned_variants(name, tuned) for name in against if name in TUNED_MICRO_BATCH}
+    names = {"ours", *others, *against, *(variant for pairs in settings.values() for variant, _ in pairs)}
+    if only - names:
+        print(f"error: --only {args.only}: {sorted(only - names)} not in this bench: name ours, a --variant, a "
+              f"baseline given with --against or one of its --tuned settings ({', '.join(sorted(names))})",
+              file=sys.stderr)
         return 2
     extra = [*args.overrides, *(["--peak_tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
     try:
@@ -106,9 +111,8 @@ def _bench(args: argparse.Namespace) -> int:
     facts = RunFacts.from_values(values)
     global_batch = facts.global_batch(gpus)
     try:
-        for name in against:
-            if name in TUNED_MICRO_BATCH:
-                tuned_accumulation(name, global_batch, gpus, tuned)
+        for variant, setting in (pair for pairs in settings.values() for pair in pairs):
+            tuned_accumulation(variant, setting, global_batch, gpus)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -67,13 +67,18 @@ class Variant:
     ds_config: dict | None = None
     recipe_dir: Path | None = None
     """Whose train_args.yaml it starts from: the benchmarked recipe's unless set (`--variant NAME=DIR`)."""
+    baseline: str = ""
+    """The `*_tuned` baseline it is one setting of (the report names the best of several)."""
 
 
 @dataclass(frozen=True)
 class Tuned:
     """How a `*_tuned` baseline runs: its micro batch and whether it checkpoints activations. The defaults
     (TUNED_MICRO_BATCH, no checkpointing) are what fits Llama-3-8B on 2 x H200; another model or GPU gets its own with
-    `hf-zero3 bench --tuned NAME=MICRO[+ckpt]` (e.g. 13b on 2 x H200 fits stock ZeRO-3 only with checkpointing)."""
+    `hf-zero3 bench --tuned NAME=MICRO[+ckpt]` (e.g. 13b on 2 x H200 fits stock ZeRO-3 only with checkpointing).
+    Given twice or more for one baseline, each setting runs: "tuned by hand" means the better of checkpointing on and
+    off, each at its largest micro batch (on one H200 a 7B's stock ZeRO-3 ran 1.29-1.35x faster with checkpointing
+    at micro 4-8 than without it at micro 1; benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md)."""
 
     micro: int
     checkpointing: bool = False
@@ -87,44 +92,65 @@ class Tuned:
                              f"{', '.join(TUNED_MICRO_BATCH)}, e.g. stock_tuned=4+ckpt")
         return name, cls(int(micro), bool(plus))
 
+    @staticmethod
+    def collect(items: list[str]) -> dict[str, list[Tuned]]:
+        """`--tuned` values by baseline, in the order given; a setting given twice runs once."""
+        tuned: dict[str, list[Tuned]] = {}
+        for item in items:
+            name, setting = Tuned.parse(item)
+            if setting not in tuned.setdefault(name, []):
+                tuned[name].append(setting)
+        return tuned
 
-def tuned_setting(name: str, tuned: dict[str, Tuned] | None) -> Tuned:
-    return (tuned or {}).get(name) or Tuned(TUNED_MICRO_BATCH[name])
+
+def tuned_variants(name: str, tuned: dict[str, list[Tuned]] | None) -> list[tuple[str, Tuned]]:
+    """(variant name, setting) of a `*_tuned` baseline: its own name for one setting, NAME_MICRO[_ckpt] for several."""
+    settings = (tuned or {}).get(name) or [Tuned(TUNED_MICRO_BATCH[name])]
+    if len(settings) == 1:
+        return [(name, settings[0])]
+    return [(f"{name}_{s.micro}{'_ckpt' if s.checkpointing else ''}", s) for s in settings]
 
 
-def tuned_accumulation(name: str, global_batch: int, gpus: int, tuned: dict[str, Tuned] | None = None) -> int:
+def tuned_accumulation(name: str, setting: Tuned, global_batch: int, gpus: int) -> int:
     """Gradient accumulation of a `*_tuned` baseline at its micro batch for the recipe's global batch."""
-    micro = tuned_setting(name, tuned).micro
-    if global_batch % (micro * gpus):
-        raise ValueError(f"{name} runs micro batch {micro} on {gpus} ranks: the global batch {global_batch} is not a "
-                         f"multiple of {micro * gpus}; pick --per_device_train_batch_size/--gradient_accumulation_steps "
-                         f"so that it is")
-    return global_batch // (micro * gpus)
+    if global_batch % (setting.micro * gpus):
+        raise ValueError(f"{name} runs micro batch {setting.micro} on {gpus} ranks: the global batch {global_batch} is "
+                         f"not a multiple of {setting.micro * gpus}; pick --per_device_train_batch_size/"
+                         f"--gradient_accumulation_steps so that it is")
+    return global_batch // (setting.micro * gpus)
 
 
-def _tuned(name: str, global_batch: int, gpus: int, tuned: dict[str, Tuned] | None = None) -> Variant:
-    setting = tuned_setting(name, tuned)
+def _tuned(name: str, variant: str, setting: Tuned, global_batch: int, gpus: int) -> Variant:
     # FSDP2 checkpoints through its own config (the Trainer's flag and FSDP's would recompute twice)
     ckpt = setting.checkpointing and name != "fsdp2_tuned"
     batch = ["--per_device_train_batch_size", str(setting.micro),
-             "--gradient_accumulation_steps", str(tuned_accumulation(name, global_batch, gpus, tuned)),
+             "--gradient_accumulation_steps", str(tuned_accumulation(variant, setting, global_batch, gpus)),
              "--gradient_checkpointing", "true" if ckpt else "false", "--use_liger_kernel", "false",
              "--optim", "adamw_torch_fused"]
     if ckpt:
         batch += ["--gradient_checkpointing_kwargs", '{"use_reentrant": false}']
     if name == "fsdp2_tuned":
         fsdp = {**FSDP2_CONFIG, "activation_checkpointing": setting.checkpointing}
-        return Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
-                                          "--fsdp_config", json.dumps(fsdp), *batch])
+        return Variant(variant, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
+                                             "--fsdp_config", json.dumps(fsdp), *batch], baseline=name)
     config = copy.deepcopy(STOCK_ZERO2 if name == "zero2_tuned" else STOCK_ZERO3)
     config.pop("optimizer", None)  # the Trainer's own optimizer and scheduler
     config.pop("scheduler", None)
-    return Variant(name, "deepspeed", batch, ds_config=config)
+    return Variant(variant, "deepspeed", batch, ds_config=config, baseline=name)
+
+
+def baseline_groups(variants: list[Variant]) -> dict[str, list[str]]:
+    """Baselines run at several settings -> their variants' names (the report compares ours with the best)."""
+    groups: dict[str, list[str]] = {}
+    for v in variants:
+        if v.baseline:
+            groups.setdefault(v.baseline, []).append(v.name)
+    return {b: names for b, names in groups.items() if len(names) > 1}
 
 
 def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool, *, global_batch: int = 0,
                    gpus: int = 2, others: dict[str, Path] | None = None,
-                   tuned: dict[str, Tuned] | None = None) -> list[Variant]:
+                   tuned: dict[str, list[Tuned]] | None = None) -> list[Variant]:
     """`ours` (the recipe as it is), other recipe folders run the same way, then the requested baselines."""
     ours_config = json.loads((recipe_dir / "ds_config.json").read_text())
     variants = [Variant("ours", "deepspeed", ds_config=ours_config)]
@@ -135,7 +161,8 @@ def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}: choose from {', '.join(BASELINES)}")
         if name in TUNED_MICRO_BATCH:
-            variants.append(_tuned(name, global_batch, gpus, tuned))
+            variants += [_tuned(name, variant, setting, global_batch, gpus)
+                         for variant, setting in tuned_variants(name, tuned)]
             continue
         if name == "fsdp2":
             variants.append(Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
@@ -272,6 +299,13 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
         if name != "ours" and ours and "error" not in r and r.get("tokens_per_s_per_gpu"):
             lines.append("")
             lines.append(f"ours / {name}: {ours / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
+    for baseline, names in meta.get("groups", {}).items():
+        speeds = {n: results[n]["tokens_per_s_per_gpu"] for n in names
+                  if n in results and (results[n].get("tokens_per_s_per_gpu") or 0) > 0}
+        if ours and speeds:
+            best = max(speeds, key=speeds.get)
+            lines += ["", f"ours / the best {baseline} ({best}, {speeds[best]:,.0f} tokens/s/GPU; of "
+                          f"{', '.join(names)}): {ours / speeds[best]:.2f}x tokens/s"]
     if any(len(r.get("runs", [])) > 1 for r in results.values()):
         lines += ["", "Each run (repeats interleaved: every variant once, then again):", "",
                   "| config | repeat | tokens/s/GPU | MFU | peak alloc GiB | peak reserved GiB | step s |",
@@ -355,7 +389,8 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
               resume: bool = False, run_timeout: float = 0, suffix: str = "",
-              only: frozenset[str] = frozenset(), tuned: dict[str, Tuned] | None = None) -> tuple[Path, dict[str, str]]:
+              only: frozenset[str] = frozenset(),
+              tuned: dict[str, list[Tuned]] | None = None) -> tuple[Path, dict[str, str]]:
     """Run every variant `repeats` times (interleaved; with `only`, just those variants) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
     into out_dir; returns the .md and the variants whose last run failed (name -> error).
 
@@ -376,7 +411,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
             "versions": versions(), "model": model, "seq_len": seq_len, "global_batch": global_batch,
             "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
-            "configs": {}}
+            "configs": {}, "groups": baseline_groups(variants)}
     report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
     total = repeats * len(variants)
     for index in range(total):

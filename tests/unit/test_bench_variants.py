@@ -96,7 +96,7 @@ def test_tuned_settings_for_a_model_the_8b_defaults_do_not_fit():
     """13b on 2 x H200: stock ZeRO-3 fits only with checkpointing (micro 4 planned), so `--tuned stock_tuned=4+ckpt`."""
     from hf_zero3.ops.bench import Tuned
 
-    tuned = dict(Tuned.parse(t) for t in ("stock_tuned=4+ckpt", "fsdp2_tuned=2+ckpt"))
+    tuned = Tuned.collect(["stock_tuned=4+ckpt", "fsdp2_tuned=2+ckpt"])
     variants = {v.name: v for v in build_variants(RECIPE, ["stock_tuned", "fsdp2_tuned", "zero2_tuned"], False, True,
                                                    global_batch=16, gpus=2, tuned=tuned)}
     stock, fsdp2, zero2 = variants["stock_tuned"], variants["fsdp2_tuned"], variants["zero2_tuned"]
@@ -108,6 +108,43 @@ def test_tuned_settings_for_a_model_the_8b_defaults_do_not_fit():
     assert json.loads(_value(fsdp2.overrides, "--fsdp_config"))["activation_checkpointing"] is True
     assert _value(fsdp2.overrides, "--gradient_checkpointing") == "false"
     assert _value(zero2.overrides, "--per_device_train_batch_size") == str(TUNED_MICRO_BATCH["zero2_tuned"])
+
+
+def test_several_settings_of_one_baseline_each_run_and_the_report_names_the_best():
+    """"Tuned by hand" is the better of checkpointing on and off: on one H200 a 7B's stock ZeRO-3 was fastest with
+    checkpointing at micro 8, not without it at micro 1 (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md)."""
+    from hf_zero3.ops.bench import Tuned, baseline_groups
+
+    tuned = Tuned.collect(["stock_tuned=1", "stock_tuned=8+ckpt", "stock_tuned=1"])  # a repeat runs once
+    variants = build_variants(RECIPE, ["stock_tuned", "zero2_tuned"], False, True, global_batch=16, gpus=1,
+                              tuned=tuned)
+    by_name = {v.name: v for v in variants}
+    assert list(by_name) == ["ours", "stock_tuned_1", "stock_tuned_8_ckpt", "zero2_tuned"]
+    assert _value(by_name["stock_tuned_1"].overrides, "--gradient_accumulation_steps") == "16"
+    assert _value(by_name["stock_tuned_8_ckpt"].overrides, "--gradient_accumulation_steps") == "2"
+    assert _value(by_name["stock_tuned_8_ckpt"].overrides, "--gradient_checkpointing") == "true"
+    assert by_name["stock_tuned_1"].ds_config == by_name["stock_tuned_8_ckpt"].ds_config
+    groups = baseline_groups(variants)
+    assert groups == {"stock_tuned": ["stock_tuned_1", "stock_tuned_8_ckpt"]}  # zero2_tuned: one setting, no group
+
+    meta = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096,
+            "global_batch": 16, "steps": 4, "warmup": 2, "commands": ["c"], "configs": {}, "groups": groups}
+    results = {"ours": aggregate([_run(10_118, 114)]), "stock_tuned_1": aggregate([_run(6_044, 125)]),
+               "stock_tuned_8_ckpt": aggregate([_run(8_221, 121)])}
+    text = render_report(meta, results)
+    assert ("ours / the best stock_tuned (stock_tuned_8_ckpt, 8,221 tokens/s/GPU; of stock_tuned_1, "
+            "stock_tuned_8_ckpt): 1.23x tokens/s") in text
+    results["stock_tuned_8_ckpt"] = aggregate([{"error": "exit 1: OOM"}])  # the best of those that ran
+    assert "ours / the best stock_tuned (stock_tuned_1, 6,044" in render_report(meta, results)
+
+
+def test_bench_only_accepts_the_names_of_several_tuned_settings(capsys):
+    from hf_zero3.cli import main
+
+    argv = ["bench", "tiny", "--against", "stock_tuned", "--tuned", "stock_tuned=1", "--tuned", "stock_tuned=2+ckpt"]
+    assert main([*argv, "--only", "stock_tuned_3"]) == 2
+    err = capsys.readouterr().err
+    assert "['stock_tuned_3'] not in this bench" in err and "stock_tuned_2_ckpt" in err
 
 
 @pytest.mark.parametrize("bad", ["stock=4", "stock_tuned=0", "stock_tuned=four", "stock_tuned=4+offload"])
