@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3.run.activation_offload import decoder_of
+from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
 from hf_zero3.train import main
 
 
@@ -41,4 +42,4 @@ if __name__ == "__main__":
     at = next(i for i, a in enumerate(argv) if not a.startswith("--local_rank"))  # the launcher prepends it
     folder = Path(argv.pop(at))
     folder.mkdir(parents=True, exist_ok=True)
-    sys.exit(main(argv, extra_callbacks=[OffloadProbe(folder)]))
+    exit_process(main(argv, extra_callbacks=[OffloadProbe(folder)]))
