@@ -37,7 +37,8 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--only", default="", metavar="NAMES",
-                       help="comma-separated configs (ours, a --variant, a baseline) to run in this call; implies "
+                       help="comma-separated configs (ours, a --variant, a baseline: all its --tuned settings, or "
+                            "one of them as NAME_MICRO[_ckpt]) to run in this call; implies "
                             "--resume, so the others' recorded runs stay in the report (e.g. a third run of two configs)")
     bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",

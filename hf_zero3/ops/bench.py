@@ -417,7 +417,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     for index in range(total):
         repeat, variant = index // len(variants) + 1, variants[index % len(variants)]
         done = state["runs"].setdefault(variant.name, {})
-        if str(repeat) in done or (only and variant.name not in only):
+        if str(repeat) in done or (only and not {variant.name, variant.baseline} & only):  # a baseline: all its settings
             continue
         run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
         scratch_run_dir(run_dir)  # the bench's own scratch run: old records must not mix in
