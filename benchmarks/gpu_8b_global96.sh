@@ -5,11 +5,15 @@
 #   offload       recipe 8b's ds_config + `--offload-optimizer cpu` (pinned, DeepSpeedCPUAdam), Liger, micro 6 x 8: the
 #                 planner's batch for that option (`hf-zero3 plan --model 8b --hardware h200x2 --liger --global-batch 96`);
 #                 measured once at 10,648 tokens/s/GPU, 55.4% MFU (benchmarks/offload-8b_2xH200_2026-11-30.md)
-#   stock_tuned, fsdp2_tuned   stock HF by hand (hf_zero3/ops/bench.py: micro 2, accumulation 24)
+#   stock_tuned_2, fsdp2_tuned   stock HF by hand (hf_zero3/ops/bench.py: micro 2, accumulation 24)
+#   stock_tuned_8_ckpt   stock ZeRO-3 by hand with checkpointing at micro 8 x 6 (the planner fits micro 8 at 118.7 GiB
+#                 without Liger): on one H200 stock with checkpointing at micro 4-8 beat stock without it at micro 1 by
+#                 1.29-1.35x (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md), so "tuned by hand" runs both
 # Prediction, written before the run (offload-8b_2xH200_2026-11-30.md): offload 10,300-10,900; ours 10,300-10,800;
-# stock_tuned 9,300-10,000; fsdp2_tuned 9,500-10,200 tokens/s/GPU. If offload wins by more than the spread, recipe 8b
+# stock_tuned 9,300-10,000; fsdp2_tuned 9,500-10,200 tokens/s/GPU. Added 2026-12-01, before any run of it:
+# stock_tuned_8_ckpt 0.95-1.15x stock_tuned_2 (fewer micro-steps, against a third more compute). If offload wins by more than the spread, recipe 8b
 # v3 is it (written through the generator: `hf-zero3 config new --like ... --offload-optimizer cpu`).
-# Time: a ZeRO-3 run ~2 min (3 steps of ~19 s + start-up), FSDP2 ~3.5 min: one repeat of all four ~11 min. Each call
+# Time: a ZeRO-3 run ~2 min (3 steps of ~19 s + start-up), FSDP2 ~3.5 min: one repeat of all five ~13 min. Each call
 # stops itself BUDGET_S (default 560) seconds in; the same command again continues (--resume, same WORK_DIR, warm machine).
 # Usage, from the repository root: REPEATS=3 bash benchmarks/gpu_8b_global96.sh OUT_DIR
 set -uo pipefail
@@ -36,7 +40,7 @@ grep -E "^(per_device_train_batch_size|gradient_accumulation_steps|use_liger_ker
   outputs/recipes/8b-global96/train_args.yaml outputs/recipes/8b-global96-offload/train_args.yaml | tee "$out/batches.txt"
 timeout -s TERM "${BUDGET_S:-560}" python3 -m hf_zero3 bench outputs/recipes/8b-global96 --label llama3-8b-global96 \
   --suffix tuned --steps 2 --warmup 1 --repeats "${REPEATS:-3}" --run-timeout 260 --resume \
-  --against stock_tuned,fsdp2_tuned --variant offload=outputs/recipes/8b-global96-offload --gpus "${GPUS:-2}" \
+  --against stock_tuned,fsdp2_tuned --tuned stock_tuned=2 --tuned stock_tuned=8+ckpt --variant offload=outputs/recipes/8b-global96-offload --gpus "${GPUS:-2}" \
   --out "$out" --work-dir "$work" -- --model_name_or_path null --config_name outputs/llama3-8b \
   --tokenizer_name assets/tiny/model --train_file assets/tiny/corpus/train.txt ${TRAIN_OVERRIDES:-} \
   2>&1 | tee "$out/bench.log"
