@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shlex
 
 import pytest
 
@@ -158,3 +159,17 @@ def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():
     tried = {(p.spec.activation_checkpointing, p.training.micro_batch): p for p in choice.tried
              if p.fits and p.label.startswith("ZeRO-3") and "offload" not in p.label}
     assert faster_measured(tried[(False, 1)], tried[(True, 2)], S7, H200, 4096) is None  # micro 2: not measured
+
+
+def test_the_7b_readme_runs_what_the_planner_chooses_for_one_h200(capsys):
+    """recipes/7b/README.md's one-GPU command carries the planner's TrainingArguments; a planner change that moves
+    them fails here until the README follows."""
+    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger", "--json"]) == 0
+    args = json.loads(capsys.readouterr().out)["training_args"]
+    readme = (ROOT / "recipes/7b/README.md").read_text()
+    block = readme[readme.index("hf-zero3 plan --model 7b --hardware h200x1"):].split("```")[0]
+    words = shlex.split(block.replace("\\\n", " ").splitlines()[1])  # the launch line after the plan line
+    given = {w[2:]: words[i + 1] for i, w in enumerate(words) if w.startswith("--")}
+    assert args.pop("bf16") is True and "\nbf16: true\n" in (ROOT / "recipes/7b/train_args.yaml").read_text()
+    for key, value in args.items():
+        assert given.get(key) == (json.dumps(value) if isinstance(value, dict) else str(value).lower()), key
