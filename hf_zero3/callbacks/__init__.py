@@ -7,6 +7,7 @@ from hf_zero3.callbacks.jsonl_log import JsonlLogCallback
 from hf_zero3.callbacks.memory import MemoryCallback
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError, NonFiniteGuardCallback
 from hf_zero3.callbacks.nvme_resume import NvmeResumeCallback
+from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback
 from hf_zero3.callbacks.perplexity import PerplexityCallback
 from hf_zero3.callbacks.throughput import ThroughputCallback
 
@@ -44,5 +45,5 @@ def install_callbacks(trainer, callbacks: list) -> None:
 
 __all__ = ["CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
            "MemoryCallback", "NonFiniteError",
-           "NonFiniteGuardCallback", "NvmeResumeCallback", "PerplexityCallback", "ThroughputCallback", "default_callbacks",
+           "NonFiniteGuardCallback", "NvmeResumeCallback", "PartialCheckpointingCallback", "PerplexityCallback", "ThroughputCallback", "default_callbacks",
            "install_callbacks"]

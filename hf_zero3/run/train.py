@@ -90,6 +90,11 @@ class TrainingArguments(transformers.TrainingArguments):
                                          "the checkpointed layer inputs). Also on when the ds_config says "
                                          "activation_checkpointing.cpu_checkpointing: true, unless this says false. "
                                          "See hf_zero3/run/activation_offload.py."})
+    gradient_checkpointing_layers: int | None = field(
+        default=None, metadata={"help": "With gradient_checkpointing: checkpoint only the first N decoder layers; the "
+                                         "others keep their activations and skip their recompute (more memory, "
+                                         "faster). Default: all layers. See "
+                                         "hf_zero3/callbacks/partial_checkpointing.py."})
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
@@ -524,6 +529,13 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     if values.get("dataset_name") and not values.get("train_file") and \
             (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
         problems.append(problem)
+    layers = values.get("gradient_checkpointing_layers")
+    if layers is not None and not (values.get("gradient_checkpointing") or values.get("activation_checkpointing")):
+        problems.append(f"gradient_checkpointing_layers {layers} needs gradient_checkpointing true: it chooses which "
+                        "layers checkpointing covers; set gradient_checkpointing true or drop gradient_checkpointing_layers")
+    elif layers is not None and int(layers) < 1:
+        problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
+                        "gradient_checkpointing false and drop gradient_checkpointing_layers")
     problems += _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
@@ -573,6 +585,20 @@ def _maybe_offload_activations(model, training_args) -> None:
         decoder = type(activation_offload.decoder_of(model)).__name__
         print(f"hf_zero3: activation offload on ({why}): what {decoder} saves for backward lives in host memory",
               flush=True)
+
+
+def _partial_checkpointing(model, training_args) -> list:
+    """The callback that checkpoints only the first `gradient_checkpointing_layers` layers, checked against the
+    model's layer count before anything starts; none when the option is unset."""
+    if training_args.gradient_checkpointing_layers is None:
+        return []
+    from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checkpointing_layers
+
+    count, available = training_args.gradient_checkpointing_layers, len(checkpointing_layers(model))
+    if not 1 <= count <= available:
+        raise ValueError(f"gradient_checkpointing_layers is {count}, but {type(model).__name__} has {available} "
+                         f"checkpointable layers: set it between 1 and {available} ({available} checkpoints them all)")
+    return [PartialCheckpointingCallback(count)]
 
 
 def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: dict[str, Any]) -> None:
@@ -637,7 +663,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
         callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size, sources=sources),
-                     *extra_callbacks]
+                     *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
     # CheckpointGuardCallback rotates over complete checkpoints and HubPushCallback uploads exported weights (both
