@@ -87,6 +87,8 @@ def training_args_overrides(spec: ZeroSpec) -> dict[str, Any]:
     if spec.activation_checkpointing:
         overrides["gradient_checkpointing"] = True
         overrides["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        if spec.checkpointed_layers is not None:
+            overrides["gradient_checkpointing_layers"] = spec.checkpointed_layers
     if spec.precision in ("bf16", "fp16"):
         overrides[spec.precision] = True
     for arg, value in (

@@ -136,6 +136,10 @@ class ZeroSpec(Strict):
     activation_checkpointing: bool = False
     """Recompute activations in backward. For HF models this is TrainingArguments.gradient_checkpointing,
     not DeepSpeed's activation_checkpointing block (which HF models never call)."""
+    checkpointed_layers: Union[int, None] = Field(None, ge=1)
+    """With activation_checkpointing: checkpoint only the first N decoder layers, the others keep their activations
+    and skip their recompute (TrainingArguments `gradient_checkpointing_layers`, applied by `hf-zero3 train`);
+    None: all layers."""
     activation_offload: bool = False
     """Keep the activations saved for backward in pinned host memory (with checkpointing: the checkpointed layer
     inputs). Written as DeepSpeed's `activation_checkpointing.cpu_checkpointing`, which `hf-zero3 train` applies
@@ -152,6 +156,12 @@ class ZeroSpec(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> ZeroSpec:
         problems = []
+        if self.checkpointed_layers is not None and not self.activation_checkpointing:
+            problems.append(f"checkpointed_layers {self.checkpointed_layers} needs activation_checkpointing: set it "
+                            "true or drop checkpointed_layers")
+        if self.checkpointed_layers is not None and self.activation_offload:
+            problems.append("checkpointed_layers with activation_offload would copy whole layers' activations over "
+                            "PCIe: drop one of them")
         if self.offload_param.device != "none" and self.stage != 3:
             problems.append(f"offload_param needs stage 3 (stage is {self.stage}): set stage 3 or drop it")
         if self.offload_optimizer.device != "none" and self.stage == 0:

@@ -301,7 +301,7 @@ def describe(spec: ZeroSpec) -> str:
     elif prm != "none":
         text += f" + offload params ({prm})"
     if spec.activation_checkpointing:
-        text += " + checkpointing"
+        text += " + checkpointing" + (f" (first {spec.checkpointed_layers} layers)" if spec.checkpointed_layers else "")
     if spec.activation_offload:
         text += " + activation offload"
     if spec.stage == 3 and not spec.gather_16bit_weights_on_save:
@@ -496,8 +496,12 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
         work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
     elif spec.activation_checkpointing:
-        add("gpu", "activations: checkpointed layer inputs", t * (L * b * H + final_norm),
-            f"{t} tokens x ({L} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
+        n = L if spec.checkpointed_layers is None else min(L, spec.checkpointed_layers)
+        add("gpu", "activations: checkpointed layer inputs", t * (n * b * H + final_norm),
+            f"{t} tokens x ({n} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
+        if n < L:  # gradient_checkpointing_layers: the last L - n layers keep everything
+            add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * per_layer,
+                f"{t} tokens x {L - n} x {per_layer} B/layer ({training.attention})", "activation", phase="backward")
         work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
     elif spec.activation_offload:
         add("gpu", "activations: one layer in flight (rest offloaded)", t * per_layer,
