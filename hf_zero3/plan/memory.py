@@ -651,8 +651,15 @@ def _with_checkpointing(key: tuple) -> tuple:
 
 
 def cost_key(p: Plan) -> tuple:
-    """Expected speed order: less offload, then no recomputation, then lower stage, then larger micro batch."""
-    return (*tier_key(p), p.spec.stage, -p.training.micro_batch)
+    """Expected speed order: less offload, then no recomputation, then lower stage, then fewer checkpointed layers,
+    then larger micro batch."""
+    layers = p.spec.checkpointed_layers or (p.shape.layers if p.spec.activation_checkpointing else 0)
+    return (*tier_key(p), p.spec.stage, layers, -p.training.micro_batch)
+
+
+def is_partial(p: Plan) -> bool:
+    """Checkpointing on only the first layers (`fewest_checkpointed`)."""
+    return p.spec.checkpointed_layers is not None
 
 
 MICRO_BATCH_SEARCH = (64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
@@ -696,9 +703,28 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
-                plans.append(plan(shape, hardware, Training(seq_len, micro, accum, attention, load_bytes, liger),
-                                  spec))
+                training = Training(seq_len, micro, accum, attention, load_bytes, liger)
+                plans.append(plan(shape, hardware, training, spec))
+                if checkpointing and not offload:
+                    plans += [p for p in [fewest_checkpointed(shape, hardware, training, spec)] if p is not None]
     return sorted(plans, key=cost_key)
+
+
+def fewest_checkpointed(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan | None:
+    """`spec` with checkpointing on only as many layers as it takes to fit (`gradient_checkpointing_layers`: the
+    others keep their activations and skip their recompute); None when all layers must be checkpointed to fit, or
+    none need be. Memory falls as layers are checkpointed, so a bisection finds the fewest."""
+    def with_layers(n: int) -> Plan:
+        return plan(shape, hardware, training, spec.model_copy(update={"checkpointed_layers": n}))
+
+    low, high = 1, shape.layers - 1  # invariant: the answer, if any, is in [low, high]
+    unneeded = plan(shape, hardware, training, spec.model_copy(update={"activation_checkpointing": False})).fits
+    if unneeded or high < low or not with_layers(high).fits:
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if with_layers(mid).fits else (mid + 1, high)
+    return with_layers(low)
 
 
 @dataclass(frozen=True)
@@ -731,7 +757,8 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
               "attention": attention, "load_bytes": load_bytes, "liger": liger}
     tried = candidates(shape, hardware, seq_len, **kwargs)
-    fitting = [p for p in tried if p.fits and not p.tight] or [p for p in tried if p.fits]
+    whole = [p for p in tried if not is_partial(p)]
+    fitting = [p for p in whole if p.fits and not p.tight] or [p for p in whole if p.fits]
     if fitting:
         table = () if speed_table is None else (speed_table,)
         tier = [p for p in fitting if tier_key(p) == tier_key(fitting[0])]
@@ -740,10 +767,26 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
         if recompute and not best.spec.activation_checkpointing:
             other, _ = fastest(recompute, shape, hardware, seq_len, *table)
             best, why = faster_measured(best, other, shape, hardware, seq_len, *table) or (best, why)
+        best, why = _fewer_checkpointed(best, why, tried, shape, hardware, seq_len, table)
         best = _with_offload_hint(best, tried)
         args = {**training_args_overrides(best.spec), **({"use_liger_kernel": True} if liger else {})}
         return Choice(best, tuple(tried), "", build_ds_config(best.spec), args, why)
     return Choice(None, tuple(tried), _nothing_fits(shape, hardware, seq_len, tried, **kwargs))
+
+
+def _fewer_checkpointed(best: Plan, why: str, tried: list[Plan], shape: ModelShape, hardware: Hardware,
+                        seq_len: int, table: tuple) -> tuple[Plan, str]:
+    """With checkpointing chosen: the same option checkpointing only the layers it must (at the micro batch where that
+    is fewest, the larger micro batch on a tie), when measured faster. A smaller micro batch with less recompute can
+    win or lose against a larger one with more: only a measurement decides (`faster_measured`)."""
+    if not best.spec.activation_checkpointing or best.spec.activation_offload:
+        return best, why
+    same = lambda p: tier_key(p) == tier_key(best) and p.spec.stage == best.spec.stage
+    for p in sorted((p for p in tried if is_partial(p) and p.fits and same(p)), key=cost_key):
+        measured = faster_measured(best, p, shape, hardware, seq_len, *table)
+        if measured is not None and measured[0] is p:
+            return measured
+    return best, why
 
 
 def _with_offload_hint(best: Plan, tried: list[Plan]) -> Plan:
@@ -829,6 +872,7 @@ def _at_least_as_frugal(p: Plan, current: Plan, host: bool = False) -> bool:
         a.offload_param.device == b.offload_param.device)
     return (a.stage >= b.stage and (_offload_level(a) >= _offload_level(b) or less_on_host)
             and a.activation_checkpointing >= b.activation_checkpointing
+            and (a.checkpointed_layers or p.shape.layers) >= (b.checkpointed_layers or p.shape.layers)
             and a.activation_offload >= b.activation_offload
             and p.training.micro_batch <= current.training.micro_batch)
 
@@ -851,6 +895,8 @@ def _how(current: Plan, nxt: Plan, ds_config_path: str | None) -> str:
                      "then train with --deepspeed ds_config.planned.json")
     if b.activation_checkpointing and not a.activation_checkpointing:
         parts.append("--gradient_checkpointing true")
+    if a.checkpointed_layers != b.checkpointed_layers and b.activation_checkpointing:
+        parts.append(f"--gradient_checkpointing_layers {b.checkpointed_layers or 'null'}")
     if b.activation_offload and not a.activation_offload:
         parts.append("--activation_offload true")
     if nxt.training.micro_batch != current.training.micro_batch:

@@ -35,9 +35,9 @@ def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, h
     facts = RunFacts.from_args(training_args, seq_len, model_config)
     ds = training_args.hf_deepspeed_config.config if getattr(training_args, "hf_deepspeed_config", None) else None
     fields = spec_from_ds_config(ds)[0].model_dump(exclude_unset=True) if ds else {"stage": 0}
-    spec = ZeroSpec(**{**fields, "precision": facts.precision,
-                       "activation_checkpointing": facts.activation_checkpointing,
-                       "activation_offload": fields.get("activation_offload", False) or facts.activation_offload})
+    offload = fields.get("activation_offload", False) or facts.activation_offload
+    spec = ZeroSpec(**{**fields, "precision": facts.precision, **facts.checkpointing(offload),
+                       "activation_offload": offload})
     world = int(os.environ.get("WORLD_SIZE", training_args.world_size))
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")  # torchrun / deepspeed launcher
     local = int(local) if local else min(world, max(1, gpu_count()))

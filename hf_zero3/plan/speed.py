@@ -44,6 +44,8 @@ class Measurement:
     source: str
     config: str
     """The row's name in the report, and what it ran."""
+    checkpointed_layers: int | None = None
+    """With checkpointing: only the first N layers (`gradient_checkpointing_layers`); None: all."""
 
     def applies(self, shape: ModelShape, hardware: Hardware, seq_len: int) -> bool:
         return (abs(shape.params / self.params - 1) <= PARAMS_TOLERANCE and seq_len == self.seq_len
@@ -52,14 +54,20 @@ class Measurement:
 
     def describe(self) -> str:
         liger = " + Liger" if self.liger else ""
-        ckpt = " + checkpointing" if self.checkpointing else ""
+        ckpt = _checkpointing(self.checkpointing, self.checkpointed_layers)
         return f"ZeRO-{self.stage}{liger}{ckpt} micro {self.micro_batch}: {self.tokens_per_s:,.0f} tokens/s/GPU"
+
+
+def _checkpointing(on: bool, layers: int | None) -> str:
+    return (" + checkpointing" + (f" (first {layers} layers)" if layers else "")) if on else ""
 
 
 _TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
 _LLAMA3_8B = 8_030_261_248
 _ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
 _LLAMA2_7B = 6_738_415_616
+_PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
+"""One lease, four calls on one warm machine: its table gathers them (benchmarks/lease_medians.py)."""
 MEASURED: tuple[Measurement, ...] = (
     Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, True, False, 3, 10_121, _TUNED,
                 "ours: recipe 8b v2, ZeRO-3 (5e8 buckets) + Liger, micro 3 x 2, median of 3 runs"),
@@ -73,6 +81,16 @@ MEASURED: tuple[Measurement, ...] = (
                 "ck4: the same + checkpointing, micro 4 x 4, one run"),
     Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, 8, 10_089, _ONE_GPU,
                 "ck8: the same + checkpointing, micro 8 x 2, one run"),
+    *(Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, micro, tps, _PARTIAL, config, layers)
+      for micro, layers, tps, config in (
+          (8, None, 10_190, "ck8: the planner's choice before partial checkpointing, micro 8 x 2, one run"),
+          (8, 28, 10_474, "p8_28: the same, first 28 of 32 layers checkpointed, one run"),
+          (4, 22, 10_761, "p4_22: micro 4 x 4, first 22 layers checkpointed, one run"),
+          (2, 16, 10_826, "p2_16: micro 2 x 8, first 16 layers checkpointed, median of 2 runs"),
+          (2, 12, 11_289, "p2_12: micro 2 x 8, first 12 layers checkpointed, one run"),
+          (2, 8, 11_680, "p2_8: micro 2 x 8, first 8 layers checkpointed, median of 3 runs"),
+          (2, 6, 11_515, "p2_6: micro 2 x 8, first 6 layers checkpointed, one run"),
+          (2, 4, 11_817, "p2_4: micro 2 x 8, first 4 layers checkpointed, one run"))),
 )
 """tokens/s/GPU by (model class, hardware, ZeRO stage, Liger, checkpointing, micro batch). FSDP2 (fsdp2_tuned 8,568 in
 the same file) is not a ZeRO option, so it is not here. Add a row per measured config: same source = same lease."""
@@ -84,6 +102,7 @@ def _match(plan: Plan, rows: list[Measurement]) -> tuple[int, Measurement] | Non
     than the plan count (Liger, a larger micro batch would flatter it), so a row that is not exact is a lower bound."""
     t, spec = plan.training, plan.spec
     same = [m for m in rows if m.stage == spec.stage and m.checkpointing == spec.activation_checkpointing
+            and m.checkpointed_layers == spec.checkpointed_layers
             and (t.liger or not m.liger) and m.micro_batch <= t.micro_batch]
     scored = [((m.liger == t.liger) + (m.liger == t.liger and m.micro_batch == t.micro_batch), m) for m in same]
     return max(scored, key=lambda x: (x[0], x[1].tokens_per_s), default=None)
@@ -133,8 +152,20 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
 
 
 def _describe(p: Plan) -> str:
-    ckpt = " + checkpointing" if p.spec.activation_checkpointing else ""
+    ckpt = _checkpointing(p.spec.activation_checkpointing, p.spec.checkpointed_layers)
     return f"ZeRO-{p.spec.stage}{' + Liger' if p.training.liger else ''}{ckpt} micro {p.training.micro_batch}"
+
+
+def _more_recompute(plan: Plan, rows: list[Measurement]) -> Measurement | None:
+    """A lower bound for a plan that checkpoints only its first layers: the row of the same stage, Liger and micro
+    batch that checkpointed the fewest layers at least as many as the plan (more recompute, the same work else)."""
+    t, spec = plan.training, plan.spec
+    if not spec.checkpointed_layers:
+        return None
+    layers = lambda m: m.checkpointed_layers or plan.shape.layers
+    bounds = [m for m in rows if m.stage == spec.stage and m.checkpointing and m.liger == t.liger
+              and m.micro_batch == t.micro_batch and layers(m) >= spec.checkpointed_layers]
+    return min(bounds, key=layers, default=None)
 
 
 def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq_len: int,
@@ -151,4 +182,9 @@ def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq
             winner, loser, mw, ml = (b, a, mb, ma) if mb.tokens_per_s > ma.tokens_per_s else (a, b, ma, mb)
             return winner, (f"{_describe(winner)} by measured speed: {mw.tokens_per_s:,.0f} vs "
                             f"{ml.tokens_per_s:,.0f} tokens/s/GPU for {_describe(loser)} ({source})")
+        bound = _more_recompute(b, [m for m in rows if m.source == source])
+        if found[0] is not None and found[0][0] == 2 and bound is not None and bound.tokens_per_s > found[0][1].tokens_per_s:
+            return b, (f"{_describe(b)} by measured speed: at least {bound.tokens_per_s:,.0f} tokens/s/GPU (measured "
+                       f"with {bound.checkpointed_layers or 'all'} layers checkpointed: more recompute) vs "
+                       f"{found[0][1].tokens_per_s:,.0f} for {_describe(a)} ({source})")
     return None

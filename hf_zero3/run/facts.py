@@ -42,6 +42,14 @@ class RunFacts:
     liger: bool = False
     activation_offload: bool = False
     """`activation_offload: true` (the ds_config's cpu_checkpointing says the same; the planner reads that itself)."""
+    checkpointed_layers: int | None = None
+    """`gradient_checkpointing_layers`: checkpointing on the first N layers only (None: all, when on)."""
+
+    def checkpointing(self, activation_offload: bool) -> dict[str, Any]:
+        """The spec fields for this run's checkpointing (`ZeroSpec`); with activation offload the planner models
+        whole checkpointing only."""
+        partial = self.checkpointed_layers if self.activation_checkpointing and not activation_offload else None
+        return {"activation_checkpointing": self.activation_checkpointing, "checkpointed_layers": partial}
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over all ranks."""
@@ -69,7 +77,8 @@ class RunFacts:
                    seq_len=int(get("block_size")),
                    from_scratch=not values.get("model_name_or_path"),
                    activation_checkpointing=bool(get("gradient_checkpointing")),
-                   liger=bool(get("use_liger_kernel")), activation_offload=bool(get("activation_offload")))
+                   liger=bool(get("use_liger_kernel")), activation_offload=bool(get("activation_offload")),
+                   checkpointed_layers=get("gradient_checkpointing_layers"))
 
     @classmethod
     def from_args(cls, training_args: Any, seq_len: int, model_config: Any = None,
@@ -82,7 +91,8 @@ class RunFacts:
                    seq_len=seq_len, from_scratch=from_scratch,
                    activation_checkpointing=bool(training_args.gradient_checkpointing),
                    liger=bool(getattr(training_args, "use_liger_kernel", False)),
-                   activation_offload=bool(getattr(training_args, "activation_offload", False)))
+                   activation_offload=bool(getattr(training_args, "activation_offload", False)),
+                   checkpointed_layers=getattr(training_args, "gradient_checkpointing_layers", None))
 
 
 def global_batch_of(training_args: Any) -> int:

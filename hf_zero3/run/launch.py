@@ -443,10 +443,10 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     print_choice(shape, hardware, seq, best_choice)
     rc = 0 if best_choice.fits else 1
     fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
-    spec = ZeroSpec(**{**fields, "precision": facts.precision,
-                       "activation_checkpointing": facts.activation_checkpointing,
-                       "activation_offload": facts.activation_offload if values.get("activation_offload") is not None
-                       else fields.get("activation_offload", False)})
+    offload = facts.activation_offload if values.get("activation_offload") is not None \
+        else fields.get("activation_offload", False)
+    spec = ZeroSpec(**{**fields, "precision": facts.precision, **facts.checkpointing(offload),
+                       "activation_offload": offload})
     ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger), spec)
     best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())

@@ -121,20 +121,54 @@ def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
 
 S7 = load_shape("7b")
 H200 = Hardware(1, 1, 141 * 2**30, 125 * 2**30)
-ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
+PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
 
 
-def test_one_h200_7b_checkpoints_at_micro_8_because_it_measured_faster_than_micro_1_without():
-    """Without checkpointing a 7B fits one H200 only at micro 1; with it, micro 8 fits and ran 1.07x in the same lease
-    (ZeRO-3's per-micro-step cost paid twice per step instead of 16 times)."""
+def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step_measured_faster():
+    """Two measured steps, each within one lease. Without checkpointing a 7B fits one H200 only at micro 1; with it,
+    micro 8 ran 1.07x that (ZeRO-3's per-micro-step cost paid twice instead of 16 times). Checkpointing only the
+    first 8 layers at micro 2 (the fewest that fit) then ran 1.15x micro 8 with all of them (less recompute)."""
     choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True)
     p = choice.plan
-    assert (p.label, p.training.micro_batch, p.training.grad_accum) == ("ZeRO-3 + checkpointing", 8, 2)
-    assert choice.speed == (f"ZeRO-3 + Liger + checkpointing micro 8 by measured speed: 10,089 vs 9,410 tokens/s/GPU "
-                            f"for ZeRO-3 + Liger micro 1 ({ONE_GPU})")
+    assert (p.label, p.training.micro_batch, p.training.grad_accum) == (
+        "ZeRO-3 + checkpointing (first 8 layers)", 2, 8)
+    assert choice.speed == ("ZeRO-3 + Liger + checkpointing (first 8 layers) micro 2 by measured speed: 11,680 vs "
+                            "10,190 tokens/s/GPU for ZeRO-3 + Liger + checkpointing micro 8 "
+                            f"({PARTIAL})")
     assert choice.training_args["gradient_checkpointing"] is True
     assert choice.training_args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
-    assert choice.ds_config["train_micro_batch_size_per_gpu"] == 8
+    assert choice.training_args["gradient_checkpointing_layers"] == 8
+    assert choice.ds_config["train_micro_batch_size_per_gpu"] == 2
+    without_partial = tuple(m for m in MEASURED if m.source != PARTIAL)
+    alone = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial)
+    assert (alone.plan.label, alone.plan.training.micro_batch) == ("ZeRO-3 + checkpointing", 8)
+    assert alone.speed.startswith("ZeRO-3 + Liger + checkpointing micro 8 by measured speed: 10,089 vs 9,410")
+
+
+def test_fewer_checkpointed_layers_than_measured_count_the_row_with_more_as_a_lower_bound():
+    """140 GiB (the h200x1 profile) fits 9 checkpointed layers at micro 2, not 8; the row with 12 (more recompute)
+    bounds it from below, and it beats micro 8 with all layers: chosen, and the reason says "at least"."""
+    h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
+    choice = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True)
+    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (9, 2)
+    assert "at least 11,289 tokens/s/GPU (measured with 12 layers checkpointed: more recompute) vs 10,190" in choice.speed
+    slow = tuple(dataclasses.replace(m, tokens_per_s=9_000) if m.source == PARTIAL and m.checkpointed_layers else m
+                 for m in MEASURED)  # a bound below the full-checkpointing row decides nothing
+    kept = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow)
+    assert (kept.plan.spec.checkpointed_layers, kept.plan.training.micro_batch) == (None, 8)
+
+
+def test_partial_checkpointing_is_only_planned_where_checkpointing_is_needed():
+    """At micro 1 the 7B fits one H200 without checkpointing: no partial plan there; where it is, the fewest layers
+    that fit, and one fewer does not."""
+    tried = choose(S7, H200, 4096, global_batch=16, liger=True).tried
+    partial = {p.training.micro_batch: p for p in tried if p.spec.checkpointed_layers and p.spec.stage == 3
+               and "offload" not in p.label}
+    assert 1 not in partial and partial[2].spec.checkpointed_layers == 8 and partial[2].fits
+    from hf_zero3.plan.memory import plan
+
+    one_fewer = partial[2].spec.model_copy(update={"checkpointed_layers": 7})
+    assert not plan(S7, H200, partial[2].training, one_fewer).fits
 
 
 def test_checkpointing_needs_both_measured_exactly_in_one_file():
@@ -173,3 +207,13 @@ def test_the_7b_readme_runs_what_the_planner_chooses_for_one_h200(capsys):
     assert args.pop("bf16") is True and "\nbf16: true\n" in (ROOT / "recipes/7b/train_args.yaml").read_text()
     for key, value in args.items():
         assert given.get(key) == (json.dumps(value) if isinstance(value, dict) else str(value).lower()), key
+
+
+def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every_layer():
+    from hf_zero3.plan.memory import oom_advice
+
+    h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
+    best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True).plan
+    advice = oom_advice(S7, h200x1, best.training, best.spec)
+    assert "(ZeRO-3 + checkpointing (first 9 layers), micro batch 2)" in advice
+    assert advice.endswith("ZeRO-3 + checkpointing, micro batch 2): --gradient_checkpointing_layers null")
