@@ -126,3 +126,7 @@ def print_choice(shape, hardware, seq_len, choice, out=print, liger_why: str = "
     if choice.fits:
         out("")
         out("TrainingArguments: " + " ".join(f"--{k} {shell_value(v)}" for k, v in choice.training_args.items()))
+        if "gradient_checkpointing_layers" in choice.training_args:
+            n = choice.training_args["gradient_checkpointing_layers"]
+            out(f"  (gradient_checkpointing_layers is hf-zero3 train's; in your own Trainer script drop it and add "
+                f"trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback({n})))")

@@ -217,3 +217,10 @@ def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every
     advice = oom_advice(S7, h200x1, best.training, best.spec)
     assert "(ZeRO-3 + checkpointing (first 9 layers), micro batch 2)" in advice
     assert advice.endswith("ZeRO-3 + checkpointing, micro batch 2): --gradient_checkpointing_layers null")
+
+
+def test_plan_cli_says_how_to_get_partial_checkpointing_in_a_plain_trainer_script(capsys):
+    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger"]) == 0
+    out = capsys.readouterr().out
+    assert "--gradient_checkpointing_layers 9 " in out
+    assert "trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback(9))" in out
