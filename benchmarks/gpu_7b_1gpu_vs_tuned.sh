@@ -2,12 +2,13 @@
 # Issue 13, item 5, with repeats: the 7b on one H200 at global batch 16, the planner's choice against stock HF ZeRO-3
 # tuned by hand both ways, REPEATS runs of each, interleaved, in one lease:
 #   ours                 the planner's choice (`hf-zero3 plan --model 7b --hardware h200x1 --global-batch 16 --liger`):
-#                        ZeRO-3 + checkpointing, micro 8 x 2, every parameter persistent, 5e8 buckets, Liger
+#                        ZeRO-3, checkpointing on the first 9 of 32 layers, micro 2 x 8, every parameter persistent,
+#                        5e8 buckets, Liger
 #   stock_tuned_1        stock template, Trainer's fused AdamW, no checkpointing, micro 1 x 16 (the largest without)
-#   stock_tuned_8_ckpt   the same with checkpointing at micro 8 x 2 (the best stock in the last lease)
-# Prediction, written before the run (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md, lease 3: ours 10,089 /
-# 10,118, stock 8+ckpt 8,221): ours 9,600-10,600 tokens/s/GPU, 1.20-1.27x the best stock; stock_tuned_1 0.72-0.80x
-# stock_tuned_8_ckpt.
+#   stock_tuned_8_ckpt   the same with checkpointing at micro 8 x 2 (the best stock in the last two leases)
+# Prediction, written before any run of it (benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md: 8 layers 11,680,
+# 12 layers 11,289, stock 8+ckpt 8,284): ours 11,200-11,900 tokens/s/GPU, 1.35-1.43x the best stock; stock_tuned_1
+# 0.72-0.80x stock_tuned_8_ckpt.
 # Time: a run ~90-100 s (start-up ~45 s + 7 steps of 6.5-8 s): one repeat of the three ~5 min. Each call stops itself
 # BUDGET_S (default 540) seconds in; the same command again continues (--resume, same WORK, warm machine).
 # Usage, from the repository root: REPEATS=3 bash benchmarks/gpu_7b_1gpu_vs_tuned.sh OUT_DIR
