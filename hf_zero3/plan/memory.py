@@ -776,12 +776,13 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
 
 def _fewer_checkpointed(best: Plan, why: str, tried: list[Plan], shape: ModelShape, hardware: Hardware,
                         seq_len: int, table: tuple) -> tuple[Plan, str]:
-    """With checkpointing chosen: the same option checkpointing only the layers it must (at the micro batch where that
-    is fewest, the larger micro batch on a tie), when measured faster. A smaller micro batch with less recompute can
-    win or lose against a larger one with more: only a measurement decides (`faster_measured`)."""
-    if not best.spec.activation_checkpointing or best.spec.activation_offload:
+    """The same option (stage, offload) checkpointing only the layers it must, at the micro batch where that is fewest
+    first, when one benchmark file measured it faster than the choice: against whole checkpointing it recomputes
+    less; against none it fits a larger micro batch. Either can win or lose (a smaller micro batch pays more
+    per-micro-step costs, recompute costs compute): only a measurement decides (`faster_measured`)."""
+    if best.spec.activation_offload:
         return best, why
-    same = lambda p: tier_key(p) == tier_key(best) and p.spec.stage == best.spec.stage
+    same = lambda p: tier_key(p) == _with_checkpointing(tier_key(best)) and p.spec.stage == best.spec.stage
     for p in sorted((p for p in tried if is_partial(p) and p.fits and same(p)), key=cost_key):
         measured = faster_measured(best, p, shape, hardware, seq_len, *table)
         if measured is not None and measured[0] is p:

@@ -177,7 +177,8 @@ def test_checkpointing_needs_both_measured_exactly_in_one_file():
     def checkpoints(table) -> bool:
         return choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=table).plan.spec.activation_checkpointing
 
-    without = tuple(m for m in MEASURED if not m.config.startswith("ck8"))
+    # ck4 too: with all layers checkpointed it bounds micro 4 with fewer from below, in lean's file
+    without = tuple(m for m in MEASURED if not m.config.startswith(("ck8", "ck4")))
     ck8 = next(m for m in MEASURED if m.config.startswith("ck8"))
     assert checkpoints(MEASURED) and not checkpoints(without)
     assert not checkpoints((*without, dataclasses.replace(ck8, source="lease-b.md")))
@@ -224,3 +225,16 @@ def test_plan_cli_says_how_to_get_partial_checkpointing_in_a_plain_trainer_scrip
     out = capsys.readouterr().out
     assert "--gradient_checkpointing_layers 9 " in out
     assert "trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback(9))" in out
+
+
+def test_a_measured_partial_plan_can_replace_a_choice_without_checkpointing():
+    """8B on 2 x H200, global batch 12: recipe 8b v2 runs micro 3 without checkpointing; micro 6 fits with the first
+    15 layers checkpointed. A row saying that runs faster (same file as the v2 row) makes it the choice; without
+    one, nothing changes."""
+    v2 = next(m for m in MEASURED if m.config.startswith("ours: recipe 8b v2"))
+    assert choose(S8, H200X2, 4096, global_batch=12, liger=True).plan.spec.activation_checkpointing is False
+    faster = Measurement(v2.params, 4096, 2, 140.0, 3, True, True, 6, 10_500, v2.source, "p6_15: test row", 15)
+    choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, faster))
+    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (15, 6)
+    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 15 layers) micro 6 by measured speed: "
+                                   "10,500 vs 10,121")
