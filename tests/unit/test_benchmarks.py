@@ -64,3 +64,13 @@ def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
     assert rows[("24576", "offload (search, 1 step)")][2:] == ["6.188 / 6.188", "8.25 / 8.25"]
     assert rows[("16384", "offload")][2] == "4.125 / 4.125"
     assert all(0 <= float(error.rstrip("%")) <= 10 for _, error, *_ in rows.values())
+
+
+def test_the_partial_checkpointing_lease_table_is_regenerated_from_its_raw_records():
+    """The table the planner's speed rows cite (one lease, four calls) is what lease_medians.py makes of the JSONL."""
+    lease = _load("lease_medians")
+    folder = ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01"
+    paths = sorted(folder.glob("call*/p7/*.jsonl"))
+    assert len(paths) == 4
+    table = lease.table(lease.runs_by_config(paths, 2, {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}))
+    assert table in (ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md").read_text()
