@@ -25,16 +25,23 @@ def checkpointing_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def checkpoint_first(model: torch.nn.Module, count: int) -> int:
-    """Leave checkpointing on for the first `count` layers and turn it off for the rest; returns how many layers
-    keep their activations. Raises ValueError when `count` is not between 1 and the model's layer count."""
+def checked_layers(model: torch.nn.Module, count: int) -> list[torch.nn.Module]:
+    """The model's checkpointing layers; ValueError, naming the fix, when `count` is not between 1 and their number."""
     layers = checkpointing_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: gradient_checkpointing_layers "
                          "works on transformers' decoder models; drop it")
     if not 1 <= count <= len(layers):
-        raise ValueError(f"gradient_checkpointing_layers is {count}, but the model has {len(layers)} layers: set it "
-                         f"between 1 and {len(layers)} ({len(layers)} checkpoints them all)")
+        n = len(layers)
+        raise ValueError(f"gradient_checkpointing_layers is {count}, but {type(model).__name__} has {n} checkpointable "
+                         f"layers: set it between 1 and {n} ({n} checkpoints them all)")
+    return layers
+
+
+def checkpoint_first(model: torch.nn.Module, count: int) -> int:
+    """Leave checkpointing on for the first `count` layers and turn it off for the rest; returns how many layers
+    keep their activations. Raises ValueError when `count` is not between 1 and the model's layer count."""
+    layers = checked_layers(model, count)
     for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i < count
     return len(layers) - count
@@ -48,14 +55,12 @@ class PartialCheckpointingCallback(TrainerCallback):
             raise ValueError(f"gradient_checkpointing_layers must be >= 1 (got {count}); to checkpoint no layer set "
                              "gradient_checkpointing false")
         self.count = count
-        self.kept = None
-        """Layers that keep their activations, once training has started."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not (getattr(args, "gradient_checkpointing", False) or getattr(args, "activation_checkpointing", False)):
             raise ValueError("gradient_checkpointing_layers needs gradient_checkpointing true: it chooses which layers "
                              "the Trainer's checkpointing covers")
-        self.kept = checkpoint_first(model, self.count)
+        kept = checkpoint_first(model, self.count)
         if state.is_world_process_zero:
-            print(f"hf_zero3: activation checkpointing on the first {self.count} layers; the last {self.kept} keep "
+            print(f"hf_zero3: activation checkpointing on the first {self.count} layers; the last {kept} keep "
                   "their activations (gradient_checkpointing_layers)", flush=True)

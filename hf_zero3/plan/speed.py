@@ -182,9 +182,10 @@ def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq
             winner, loser, mw, ml = (b, a, mb, ma) if mb.tokens_per_s > ma.tokens_per_s else (a, b, ma, mb)
             return winner, (f"{_describe(winner)} by measured speed: {mw.tokens_per_s:,.0f} vs "
                             f"{ml.tokens_per_s:,.0f} tokens/s/GPU for {_describe(loser)} ({source})")
+        exact_a = found[0][1] if found[0] is not None and found[0][0] == 2 else None
         bound = _more_recompute(b, [m for m in rows if m.source == source])
-        if found[0] is not None and found[0][0] == 2 and bound is not None and bound.tokens_per_s > found[0][1].tokens_per_s:
+        if exact_a is not None and bound is not None and bound.tokens_per_s > exact_a.tokens_per_s:
             return b, (f"{_describe(b)} by measured speed: at least {bound.tokens_per_s:,.0f} tokens/s/GPU (measured "
                        f"with {bound.checkpointed_layers or 'all'} layers checkpointed: more recompute) vs "
-                       f"{found[0][1].tokens_per_s:,.0f} for {_describe(a)} ({source})")
+                       f"{exact_a.tokens_per_s:,.0f} for {_describe(a)} ({source})")
     return None

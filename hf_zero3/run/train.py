@@ -592,13 +592,10 @@ def _partial_checkpointing(model, training_args) -> list:
     model's layer count before anything starts; none when the option is unset."""
     if training_args.gradient_checkpointing_layers is None:
         return []
-    from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checkpointing_layers
+    from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
 
-    count, available = training_args.gradient_checkpointing_layers, len(checkpointing_layers(model))
-    if not 1 <= count <= available:
-        raise ValueError(f"gradient_checkpointing_layers is {count}, but {type(model).__name__} has {available} "
-                         f"checkpointable layers: set it between 1 and {available} ({available} checkpoints them all)")
-    return [PartialCheckpointingCallback(count)]
+    checked_layers(model, training_args.gradient_checkpointing_layers)
+    return [PartialCheckpointingCallback(training_args.gradient_checkpointing_layers)]
 
 
 def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: dict[str, Any]) -> None:
