@@ -24,6 +24,10 @@
 # 6.6 MB once), then 500 steps at ~0.10-0.25 s (DDP, ZeRO-1/2/3, + checkpointing: 1.1B x 2,048 tokens per GPU is
 # ~15 TFLOP per step per GPU), ~0.5-0.7 s (+ optimizer offload: DeepSpeedCPUAdam over 0.55B params per rank),
 # ~0.7-1.0 s (+ parameter offload: 2.2 GB of bf16 weights over PCIe 3x per step). Whole ladder: ~35-40 GPU-minutes.
+# One GPU (the single-H200 box): GPUS=1 (micro 4, the same 4 sequences per step). There ZeRO partitions nothing, so
+# the ladder measures what the seed's sentence names (mixed precision, checkpointing, offload) and not the
+# partitioning; ZeRO-1/2 add nothing over ZeRO-3 at world size 1 and can be left out:
+#   GPUS=1 RUNGS=ddp,ddp_seed2,zero3,zero3_ckpt,zero3_ckpt_offload_opt,zero3_ckpt_offload_all
 # STEPS=100 gives a quick look (~15 min for all) that does not meet the issue's >= 500 steps.
 # Then, anywhere (CPU too): python -m hf_zero3 compare tiny --report-only --out <dir with rungs/> --label <label>
 # CPU smoke test of this script: SMOKE=1 OUT=/tmp/o bash benchmarks/gpu_compare_ladder.sh (2-layer, hidden 128, 20 steps, no GPU; checked here: ddp, ddp_seed2, zero1, offload_opt, NVMe skip, and the resume of recorded rungs).
@@ -38,7 +42,9 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-450}
 LIMIT=${LIMIT:-480}
 CORPUS=${CORPUS:-$( [ -d corpus ] || [ ! -d .gpuwork/corpus ] && echo corpus || echo .gpuwork/corpus)}
 STATE=${STATE:-$HOME/hfz-compare}
-LABEL=${LABEL:-seed_claims_2xH200_$(date -u +%F)}
+GPUS=${GPUS:-2}
+MICRO=${MICRO:-$((4 / GPUS))}  # 4 sequences per optimizer step on 1 or 2 GPUs (4,096 tokens)
+LABEL=${LABEL:-seed_claims_${GPUS}xH200_$(date -u +%F)}
 mkdir -p "$OUT/rungs" "$OUT/logs" "$STATE/out/rungs" "$STATE/work"
 [ -n "${PREV:-}" ] && cp -n "$PREV"/rungs/* "$OUT/rungs/" 2>/dev/null
 cp -n "$STATE"/out/rungs/* "$OUT/rungs/" 2>/dev/null
@@ -48,10 +54,10 @@ for f in train.jsonl validation.jsonl tokenizer/tokenizer.json manifest.json; do
 done
 cp "$CORPUS/manifest.json" "$OUT/corpus_manifest.json"
 if [ "${SMOKE:-0}" = 1 ]; then  # CPU check of the plumbing: a 2-layer model, 20 steps
-  LAYERS=2 HIDDEN=128 FFN=352 HEADS=4 KV=2 SEQ=128 STEPS=${STEPS_SMOKE:-20} GPUS=2 PRECISION="--bf16 false"
+  LAYERS=2 HIDDEN=128 FFN=352 HEADS=4 KV=2 SEQ=128 STEPS=${STEPS_SMOKE:-20} PRECISION="--bf16 false"
   LABEL=smoke_cpu
 else
-  LAYERS=22 HIDDEN=2048 FFN=5632 HEADS=32 KV=4 SEQ=1024 GPUS=${GPUS:-2} PRECISION="--bf16 true"
+  LAYERS=22 HIDDEN=2048 FFN=5632 HEADS=32 KV=4 SEQ=1024 PRECISION="--bf16 true"
 fi
 model="$STATE/model-config-${LAYERS}x${HIDDEN}"
 [ -f "$model/config.json" ] || python3 - "$model" "$CORPUS/tokenizer" $LAYERS $HIDDEN $FFN $HEADS $KV <<'PY'
@@ -69,7 +75,7 @@ mkdir -p "$STATE/nvme"
 timeout "$LIMIT" python3 -m hf_zero3 compare tiny --rungs "$RUNGS" --steps "$STEPS" --warmup 10 --gpus "$GPUS" \
   --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --nvme-steps "${NVME_STEPS:-20}" --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
   --config_name "$model" --tokenizer_name "$model" --train_file "$CORPUS/train.jsonl" \
-  --validation_file "$CORPUS/validation.jsonl" --block_size $SEQ --per_device_train_batch_size 2 \
+  --validation_file "$CORPUS/validation.jsonl" --block_size $SEQ --per_device_train_batch_size $MICRO \
   --gradient_accumulation_steps 1 --learning_rate 3.0e-4 --lr_scheduler_type cosine --warmup_steps 50 \
   --weight_decay 0.0 --max_grad_norm 1.0 --seed 42 --max_eval_samples 64 --per_device_eval_batch_size 2 $PRECISION \
   2>&1 | tee "$OUT/logs/compare_$(date -u +%H%M%S).log"
