@@ -28,6 +28,8 @@
 # the ladder measures what the seed's sentence names (mixed precision, checkpointing, offload) and not the
 # partitioning; ZeRO-1/2 add nothing over ZeRO-3 at world size 1 and can be left out:
 #   GPUS=1 RUNGS=ddp,ddp_seed2,zero3,zero3_ckpt,zero3_ckpt_offload_opt,zero3_ckpt_offload_all
+# STOP_AFTER=N stops each rung of the call after its first N steps of the STEPS schedule (same learning rates, so
+# its losses compare step by step with the full rungs): the slow rungs in a short lease.
 # STEPS=100 gives a quick look (~15 min for all) that does not meet the issue's >= 500 steps.
 # Then, anywhere (CPU too): python -m hf_zero3 compare tiny --report-only --out <dir with rungs/> --label <label>
 # CPU smoke test of this script: SMOKE=1 OUT=/tmp/o bash benchmarks/gpu_compare_ladder.sh (2-layer, hidden 128, 20 steps, no GPU; checked here: ddp, ddp_seed2, zero1, offload_opt, NVMe skip, and the resume of recorded rungs).
@@ -73,7 +75,7 @@ tokenizer.save_pretrained(folder)
 PY
 mkdir -p "$STATE/nvme"
 timeout "$LIMIT" python3 -m hf_zero3 compare tiny --rungs "$RUNGS" --steps "$STEPS" --warmup 10 --gpus "$GPUS" \
-  --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --nvme-steps "${NVME_STEPS:-20}" --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
+  --run-timeout "$RUN_TIMEOUT" --nvme-path "$STATE/nvme" --nvme-steps "${NVME_STEPS:-20}" ${STOP_AFTER:+--stop-after $STOP_AFTER} --label "$LABEL" --out "$OUT" --work-dir "$STATE/work" -- \
   --config_name "$model" --tokenizer_name "$model" --train_file "$CORPUS/train.jsonl" \
   --validation_file "$CORPUS/validation.jsonl" --block_size $SEQ --per_device_train_batch_size $MICRO \
   --gradient_accumulation_steps 1 --learning_rate 3.0e-4 --lr_scheduler_type cosine --warmup_steps 50 \

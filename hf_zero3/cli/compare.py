@@ -28,6 +28,10 @@ def add_arguments(verbs) -> None:
     compare.add_argument("--nvme-steps", type=positive_int, metavar="N",
                          help="optimizer steps of the NVMe rung (default: --steps): each step reads and writes every "
                          "offloaded state on the disk, about 35 GB for a 1.1B model, so a slow disk needs fewer")
+    compare.add_argument("--stop-after", type=positive_int, default=0, metavar="N",
+                         help="stop each rung of this call after its first N steps of the --steps schedule (the "
+                         "learning rate follows the full schedule, so the losses compare step by step with full "
+                         "rungs); no held-out evaluation then")
     compare.add_argument("--run-timeout", type=positive_int, default=0, metavar="SECONDS",
                          help="stop a rung that takes longer (reported as failed); default: no limit")
     compare.add_argument("--redo", action="store_true", help="run rungs again that --out already records")
@@ -87,7 +91,7 @@ def _compare(args: argparse.Namespace) -> int:
         report, failed = run_compare(yaml_path, values, names, steps=args.steps, warmup=args.warmup, gpus=gpus,
                                      out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=args.overrides,
                                      label=label, meta=meta, nvme_path=args.nvme_path, run_timeout=args.run_timeout,
-                                     redo=args.redo, nvme_steps=args.nvme_steps)
+                                     redo=args.redo, nvme_steps=args.nvme_steps, stop_after=args.stop_after)
     except (ValueError, CheckpointError) as e:  # a scratch or staging folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -341,10 +341,12 @@ def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
     return f"{label}: step {done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s"
 
 
-def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0) -> int:
+def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0, stop_at: int = 0) -> int:
     """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
     stopped and reported as exit 124, so one hung run cannot eat a whole bench. A run that had logged all its steps
-    is only exiting: it is stopped too, but it counts (exit 0), since every measurement is in."""
+    is only exiting: it is stopped too, but it counts (exit 0), since every measurement is in. With `stop_at` (> 0)
+    the run is stopped once it has logged that many steps, and counts (exit 0): the first steps of a longer
+    schedule."""
     from tqdm import tqdm
 
     start = time.time()
@@ -354,6 +356,10 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
         while proc.poll() is None:
             time.sleep(1.0)
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
+            if stop_at and done >= stop_at:
+                _stop(proc)
+                print(f"{label}: stopped after {done} of {total} steps, as asked", file=sys.stderr, flush=True)
+                return 0
             if limit and time.time() - start > limit:
                 _stop(proc)
                 if done >= total:

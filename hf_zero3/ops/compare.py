@@ -179,8 +179,10 @@ def deviation(records: list[dict], reference: list[dict], tail: float = 0.1) -> 
 
 def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, steps: int, warmup: int, gpus: int,
              seed: int, extra: list[str], rungs_dir: Path, work_dir: Path, on_gpu: bool, run_timeout: float,
-             meta: dict) -> dict:
-    """Train one rung and write `rungs/<name>.jsonl` (its per-step records) and `rungs/<name>.json` (summary)."""
+             meta: dict, stop_after: int = 0) -> dict:
+    """Train one rung and write `rungs/<name>.jsonl` (its per-step records) and `rungs/<name>.json` (summary).
+    With `stop_after`, the rung runs the first `stop_after` steps of the `steps`-step schedule (learning rate and
+    all as in a full rung, so its losses compare step by step) and has no held-out evaluation."""
     from hf_zero3.ops.bench import _follow, _read_jsonl, _stop, scratch_run_dir
     from hf_zero3.run.distributed import free_port
 
@@ -201,13 +203,16 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            code = _follow(proc, run_dir / "train_log.jsonl", steps, f"compare {rung.name}", run_timeout)
+            code = _follow(proc, run_dir / "train_log.jsonl", steps, f"compare {rung.name}", run_timeout,
+                           stop_at=stop_after if 0 < stop_after < steps else 0)
         finally:
             if proc.poll() is None:
                 _stop(proc)
     records = _read_jsonl(run_dir / "train_log.jsonl")
     summary: dict[str, Any] = {"rung": rung.name, "command": shlex.join(cmd), "ds_config": config,
                                "init_sha256": init_sha, **meta, **summarize(records, warmup)}
+    if 0 < stop_after < steps:
+        summary["schedule_steps"] = steps
     if code != 0:
         lines = log_path.read_text().strip().splitlines()
         tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]
@@ -276,6 +281,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
             "tokens_per_s_per_gpu") and ref.get("tokens_per_s_per_gpu") else "—")
         dev = deviation(records[name], base) if name != REFERENCE and base else None
         shown = name if s.get("steps") == first.get("steps") else f"{name} ({s.get('steps')} steps: Δloss over those)"
+        if s.get("schedule_steps"):
+            shown = f"{name} (first {s.get('steps')} of the {s['schedule_steps']}-step schedule: Δloss over those)"
         lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
                      f"{_fmt(s.get('host_rss_gb'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
                      f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
@@ -367,10 +374,12 @@ def write_report(out_dir: Path, label: str) -> Path:
 
 def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, steps: int, warmup: int, gpus: int,
                 out_dir: Path, work_dir: Path, extra: list[str], label: str, meta: dict, nvme_path: str | None,
-                run_timeout: float = 0, redo: bool = False, nvme_steps: int | None = None) -> tuple[Path, dict[str, str]]:
+                run_timeout: float = 0, redo: bool = False, nvme_steps: int | None = None,
+                stop_after: int = 0) -> tuple[Path, dict[str, str]]:
     """Run the named rungs (skipping those already in `<out>/rungs/` unless `redo`), then write the report.
     The NVMe rung runs `nvme_steps` (default `steps`): each of its steps reads and writes every offloaded byte on the
-    disk. Returns the report and the rungs that failed (name -> error)."""
+    disk. `stop_after` (> 0) stops every rung of this call after that many steps of the `steps`-step schedule.
+    Returns the report and the rungs that failed (name -> error)."""
     from hf_zero3.ops.bench import hardware_label, versions
     from hf_zero3.run.distributed import cuda_available
 
@@ -395,7 +404,7 @@ def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, st
         rung_steps = (nvme_steps or steps) if rung.name.endswith("nvme") else steps
         summary = run_rung(rung, yaml_path=yaml_path, model_dir=model_dir, init_sha=init_sha, steps=rung_steps,
                            warmup=warmup, gpus=gpus, seed=seed, extra=extra, rungs_dir=rungs_dir, work_dir=work_dir,
-                           on_gpu=on_gpu, run_timeout=run_timeout, meta=meta)
+                           on_gpu=on_gpu, run_timeout=run_timeout, meta=meta, stop_after=stop_after)
         if "error" in summary:
             failed[rung.name] = summary["error"]
         write_report(out_dir, label)
