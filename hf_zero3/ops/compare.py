@@ -210,10 +210,10 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
                 _stop(proc)
     records = _read_jsonl(run_dir / "train_log.jsonl")
     summary: dict[str, Any] = {"rung": rung.name, "command": shlex.join(cmd), "ds_config": config,
-                               "init_sha256": init_sha, **meta, **summarize(records, warmup)}
-    if 0 < stop_after < steps:
-        summary["schedule_steps"] = steps
-    if code != 0:
+                               "init_sha256": init_sha, **meta, **summarize(records, warmup), "schedule_steps": steps}
+    if code == 124:
+        summary["error"] = f"exit 124: stopped by --run-timeout ({run_timeout:.0f} s) (log: {log_path})"
+    elif code != 0:
         lines = log_path.read_text().strip().splitlines()
         tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]
         summary["error"] = f"exit {code}: {tail[0][:200]} (log: {log_path})"
@@ -247,9 +247,25 @@ def _sci(value):
     return "—" if value is None else f"{value:.1e}"
 
 
+def measured(summary: dict) -> bool:
+    """A rung with figures to show: it ran and logged steps (a rung stopped partway shows its first steps)."""
+    return "skipped" not in summary and ("error" not in summary or bool(summary.get("steps")))
+
+
+def _max_steps(command: str) -> int | None:
+    """The schedule length a rung was launched with (records from before `schedule_steps` was stored)."""
+    words = shlex.split(command)
+    return int(words[words.index("--max_steps") + 1]) if "--max_steps" in words else None
+
+
+def _within(records: list[dict], steps: set[int]) -> list[dict]:
+    return [r for r in records if "loss" in r and r["step"] in steps]
+
+
 def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) -> str:
-    """The Markdown report: memory and throughput against DDP, loss deviation against DDP and its seed spread."""
-    ran = {n: s for n, s in summaries.items() if "skipped" not in s}
+    """The Markdown report: memory and throughput against DDP, loss deviation against DDP and its seed spread
+    (over the same steps, so a rung that ran fewer steps is held to the same yardstick)."""
+    ran = {n: s for n, s in summaries.items() if measured(s)}
     first = next(iter(ran.values()), next(iter(summaries.values())))
     on_gpu = any(s.get("gpu_peak_allocated_gb") for s in ran.values())
     ref, base = ran.get(REFERENCE), records.get(REFERENCE, [])
@@ -266,29 +282,44 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
                            "**CPU run: no GPU memory exists; the figure is the peak host RSS per rank (max over "
                            "ranks)**, which says nothing about VRAM") + ".", "",
              "| rung | peak alloc GiB | peak reserved GiB | host RSS GiB | vs DDP memory | tokens/s/GPU | vs DDP "
-             "speed | max abs Δloss | final abs Δloss | last-10% mean abs Δloss | held-out loss | held-out ppl |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "speed | max abs Δloss | final abs Δloss | last-10% mean abs Δloss | DDP seed spread, same steps "
+             "(last-10% mean) | held-out loss | held-out ppl |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    seed2 = records.get("ddp_seed2", []) if "ddp_seed2" in ran else []
     for name, s in summaries.items():
         if "skipped" in s:
-            lines.append(f"| {name} | skipped: {s['skipped']} | | | | | | | | | | |")
+            lines.append(f"| {name} | skipped: {s['skipped']} | | | | | | | | | | | |")
             continue
-        if "error" in s:
-            lines.append(f"| {name} | failed: {s['error']} | | | | | | | | | | |")
+        if not measured(s):
+            lines.append(f"| {name} | failed: {s['error']} | | | | | | | | | | | |")
             continue
         mem = (f"{100 * (s[mem_key] / ref[mem_key] - 1):+.0f}%" if ref and s.get(mem_key) and ref.get(mem_key)
                else "—")
         speed = (f"{s['tokens_per_s_per_gpu'] / ref['tokens_per_s_per_gpu']:.2f}x" if ref and s.get(
             "tokens_per_s_per_gpu") and ref.get("tokens_per_s_per_gpu") else "—")
         dev = deviation(records[name], base) if name != REFERENCE and base else None
+        own_steps = {r["step"] for r in records[name] if "loss" in r}
+        spread = deviation(_within(seed2, own_steps), base) if seed2 and name not in (REFERENCE, "ddp_seed2") else None
+        schedule = s.get("schedule_steps") or _max_steps(s.get("command", ""))
         shown = name if s.get("steps") == first.get("steps") else f"{name} ({s.get('steps')} steps: Δloss over those)"
-        if s.get("schedule_steps"):
-            shown = f"{name} (first {s.get('steps')} of the {s['schedule_steps']}-step schedule: Δloss over those)"
+        if s.get("steps") and schedule and s["steps"] < schedule:
+            how = f", then {s['error'].split(':')[0]}" if "error" in s else ""
+            shown = f"{name} (first {s['steps']} of the {schedule}-step schedule{how}: Δloss over those)"
         lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
                      f"{_fmt(s.get('host_rss_gb'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
                      f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
-                     f"{_sci(dev and dev['tail_mean'])} | {_fmt(s.get('eval_loss'), 4)} | "
+                     f"{_sci(dev and dev['tail_mean'])} | {_sci(spread and spread['tail_mean'])} | "
+                     f"{_fmt(s.get('eval_loss'), 4)} | "
                      f"{_fmt(s.get('eval_perplexity'), 3)} |")
-    lines += ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed)."]
+    lines += ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed). "
+              "DDP seed spread: ddp_seed2's (DDP, another data-loader seed) over the rung's own steps. exit 124: the "
+              "rung was stopped by --run-timeout; its figures cover the steps it logged."]
+    zero3 = records.get("zero3", []) if "zero3" in ran else []
+    against = {n: deviation(records[n], zero3) for n in ran if n.startswith("zero3_") and zero3}
+    if against := {n: d for n, d in against.items() if d}:
+        lines += ["Against zero3 (the same DeepSpeed bf16 path, so only what checkpointing and offload change): " +
+                  "; ".join(f"{n} max {_sci(d['max'])}, final {_sci(d['final'])} over {d['steps']} steps"
+                            for n, d in against.items()) + "."]
     if len({s.get("init_sha256") for s in ran.values()}) > 1:
         lines += ["**Warning: the rungs did not all start from the same initial weights (sha256 differs); their "
                   "losses are not comparable step by step.**"]
@@ -322,7 +353,7 @@ def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]])
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    ran = [n for n, s in summaries.items() if "skipped" not in s and "error" not in s]
+    ran = [n for n, s in summaries.items() if measured(s)]
     on_gpu = any(summaries[n].get("gpu_peak_allocated_gb") for n in ran)
     key = "gpu_peak_allocated_gb" if on_gpu else "host_rss_gb"
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 11))

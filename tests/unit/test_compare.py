@@ -120,3 +120,33 @@ def test_initial_weights_replace_only_their_own_leftover_staging_folder(tmp_path
     folder, digest = initial_weights(values, tmp_path, 42)
     assert Path(folder) == tmp.with_name(tmp.stem) and (Path(folder) / "model.safetensors").is_file()
     assert not tmp.exists() and not (tmp_path / f"{tmp.name}.owner").exists() and len(digest) == 64
+
+
+def test_a_rung_stopped_partway_shows_its_steps_against_the_same_steps_of_the_seed_spread():
+    """`--stop-after` or `--run-timeout` (exit 124) leaves the first steps of the full schedule: the row shows their
+    figures, and the DDP seed spread is taken over those steps, not over the whole run."""
+    from hf_zero3.ops.compare import render_report
+
+    meta = {"label": "x", "init_sha256": "a" * 64}
+    full = {"steps": 10, "schedule_steps": 10, "gpu_peak_allocated_gb": 40.0, "tokens_per_s_per_gpu": 1000.0}
+    summaries = {"ddp": {**meta, **full}, "ddp_seed2": {**meta, **full},
+                 "zero3": {**meta, **full, "steps": 4, "gpu_peak_allocated_gb": 38.0},
+                 "zero3_ckpt_offload_opt": {**meta, "steps": 2, "gpu_peak_allocated_gb": 4.0,
+                                            "tokens_per_s_per_gpu": 100.0, "command": "torchrun x --max_steps 10",
+                                            "error": "exit 124: stopped by --run-timeout (9 s)"},
+                 "zero3_ckpt": {**meta, "steps": 0, "schedule_steps": 10, "error": "exit 1: error: CUDA OOM"}}
+    records = {"ddp": [{"step": s, "loss": 5.0} for s in range(1, 11)],
+               "ddp_seed2": [{"step": s, "loss": 5.0 + (0.5 if s > 4 else 0.1)} for s in range(1, 11)],
+               "zero3": [{"step": s, "loss": 5.0 + 0.01 * s} for s in range(1, 5)],
+               "zero3_ckpt_offload_opt": [{"step": s, "loss": 5.0 + 0.01 * s + 0.002} for s in (1, 2)],
+               "zero3_ckpt": []}
+    lines = render_report(summaries, records).splitlines()
+    row = next(line for line in lines if line.startswith("| zero3 ("))
+    assert row.startswith("| zero3 (first 4 of the 10-step schedule: Δloss over those) | 38.00 |")
+    assert "| 4.0e-02 | 4.0e-02 | 4.0e-02 | 1.0e-01 |" in row  # its own Δ, then the seed spread over steps 1-4
+    opt = next(line for line in lines if line.startswith("| zero3_ckpt_offload_opt"))
+    assert opt.startswith("| zero3_ckpt_offload_opt (first 2 of the 10-step schedule, then exit 124: Δloss over those)"
+                          " | 4.00 |") and "-90%" in opt and "0.10x" in opt
+    assert any(line.startswith("| zero3_ckpt | failed: exit 1: error: CUDA OOM |") for line in lines)
+    against = next(line for line in lines if line.startswith("Against zero3"))
+    assert "zero3_ckpt_offload_opt max 2.0e-03, final 2.0e-03 over 2 steps" in against

@@ -66,3 +66,18 @@ def test_a_run_past_the_limit_fails_unless_all_its_steps_are_logged(tmp_path, ca
     assert short.poll() is not None
     err = capfd.readouterr().err
     assert "exiting: all 4 steps logged; stopped while exiting" in err and "short: stopped after 4 s" in err
+
+
+def test_stop_at_ends_a_run_after_that_many_steps_and_counts_it(tmp_path, capfd):
+    """`compare --stop-after`: the first N steps of a longer schedule are a result, not a failure."""
+    log = tmp_path / "long.jsonl"
+    writer = ("import json, sys, time\n"
+              "for step in range(1, 1001):\n"
+              "    with open(sys.argv[1], 'a') as f: f.write(json.dumps({'step': step, 'loss': 1.0}) + '\\n')\n"
+              "    time.sleep(0.05)\n")
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(log)])
+    assert _follow(proc, log, 1000, "long", limit=60, stop_at=5) == 0
+    assert proc.poll() is not None  # stopped, long before its 1000 steps
+    logged = sum(1 for line in log.read_text().splitlines() if '"loss"' in line)
+    assert 5 <= logged < 100
+    assert f"long: stopped after {logged} of 1000 steps, as asked" in capfd.readouterr().err
