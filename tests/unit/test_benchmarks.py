@@ -74,3 +74,21 @@ def test_the_partial_checkpointing_lease_table_is_regenerated_from_its_raw_recor
     assert len(paths) == 4
     table = lease.table(lease.runs_by_config(paths, 2, {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}))
     assert table in (ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md").read_text()
+
+
+def test_the_seed_claims_gpu_report_and_its_readme_rows_come_from_its_rungs():
+    """The 1 x H200 ladder: the report's generated part is render_report of the committed rungs, and each row of
+    benchmarks/README.md's summary (peak allocated GiB, tokens/s, steps) is that rung's summary."""
+    import re
+
+    from hf_zero3.ops.compare import load_results, render_report
+
+    summaries, records = load_results(ROOT / "benchmarks/seed_claims_1xH200_2026-12-01/rungs")
+    generated = render_report(summaries, records).split("\n", 2)[2]  # without the title
+    assert generated in (ROOT / "benchmarks/seed_claims_1xH200_2026-12-01.md").read_text(), \
+        "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
+    section = (ROOT / "benchmarks/README.md").read_text().split("## Issue 17")[1]
+    rows = re.findall(r"\| ([\d.]+) \|\s*(?:[+-]\d+%)?\s*\| ([\d,]+) \|\s*(?:[\d.]+x)?\s*\| (\d+) \|", section)
+    shown = {(f"{s['gpu_peak_allocated_gb']:.2f}", f"{s['tokens_per_s_per_gpu']:,.0f}", str(s["steps"]))
+             for n, s in summaries.items() if n != "ddp_seed2"}
+    assert len(rows) == 5 and set(rows) == shown
