@@ -254,8 +254,8 @@ def measured(summary: dict) -> bool:
 
 def _max_steps(command: str) -> int | None:
     """The schedule length a rung was launched with (records from before `schedule_steps` was stored)."""
-    words = shlex.split(command)
-    return int(words[words.index("--max_steps") + 1]) if "--max_steps" in words else None
+    words = shlex.split(command)[::-1]  # the last --max_steps wins, as in the Trainer's argument parser
+    return int(words[words.index("--max_steps") - 1]) if "--max_steps" in words[1:] else None
 
 
 def _within(records: list[dict], steps: set[int]) -> list[dict]:
