@@ -434,6 +434,9 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
         4 * sub_group, f"4 B x {shard(state_n)}{rest}" if sub_group == state_n - kept
         else f"4 B x sub_group_size {_count(sub_group)}", phase="step")
+    if stage == 3 and opt == "none":  # stage3 _prepare_fp32_grad_for_sub_group: flatten(16-bit grads).to(fp32)
+        add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
+            f"{b} B x {_count(sub_group)}", "buffer", phase="step")
     if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
         add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n)}",
             "buffer", phase="step")
