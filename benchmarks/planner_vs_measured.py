@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
 from hf_zero3.config.spec import ZeroSpec
-from hf_zero3.plan.memory import Hardware, Training, plan
-from hf_zero3.plan.shapes import load_shape
+from hf_zero3.plan.memory import Hardware, Training, describe, plan
+from hf_zero3.plan.shapes import ModelShape, load_shape
 
 HERE = Path(__file__).resolve().parent
 GiB = 1024**3
@@ -67,6 +67,24 @@ PROBE_CASES = [
 ]
 
 
+# The seed-claims ladder on one H200 (gpu_compare_ladder.sh, GPUS=1): a 1.1B Llama (TinyLlama's shape), the stock
+# zero3_auto template per rung (hf_zero3/ops/compare.py `ladder`), micro 4 at 1024 tokens, fp32 weights loaded.
+LADDER = "seed_claims_1xH200_2026-12-01"
+LADDER_SHAPE = ModelShape("1.1b", layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4, vocab=32000,
+                          max_positions=2048)
+LADDER_RUNGS = ["zero3", "zero3_ckpt", "zero3_ckpt_offload_opt", "zero3_ckpt_offload_all"]
+H200X1 = Hardware(nodes=1, gpus_per_node=1, gpu_mem=141 * 10**9, host_ram=None)
+
+
+def ladder_cases() -> list[tuple[str, ZeroSpec, float]]:
+    """(rung, its spec in bf16, measured peak allocated GiB) for the ZeRO rungs of the 1 x H200 ladder."""
+    from hf_zero3.ops.compare import ladder
+
+    rungs = ladder(LADDER_RUNGS, on_gpu=True, nvme_path=None)
+    return [(r.name, _spec(r.spec), json.loads((HERE / LADDER / "rungs" / f"{r.name}.json").read_text())
+             ["gpu_peak_allocated_gb"]) for r in rungs]
+
+
 def bench_peak_gib(jsonl: str, variant: str) -> float:
     rows = [json.loads(line) for line in (HERE / jsonl).read_text().splitlines()]
     return max(r["gpu_peak_allocated_gb"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gb" in r)
@@ -94,6 +112,10 @@ def gpu_table() -> str:
     for variant, training, spec, what in PROBE_CASES:
         predicted = plan(load_shape("8b"), H200X2, training, spec).gpu_allocated_bytes
         lines.append(_row(f"{PROBES}/{variant}", what, predicted, probe(variant)["gpu_gib"]))
+    for rung, spec, measured in ladder_cases():
+        predicted = plan(LADDER_SHAPE, H200X1, Training(1024, 4, 1, load_bytes=4), spec).gpu_allocated_bytes
+        lines.append(_row(f"{LADDER}/{rung}", f"1.1B on 1 GPU: {describe(spec)} (stock template)", predicted,
+                          measured))
     return "\n".join(lines) + "\n"
 
 
