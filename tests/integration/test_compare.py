@@ -56,3 +56,31 @@ def test_the_ladder_matches_ddp_and_records_memory(tmp_path):
     for name in DEFAULT_RUNGS:
         assert f"| {name} |" in report
     assert (out / "seed_claims_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stop_after_runs_the_first_steps_of_the_full_schedule(tmp_path):
+    """`--stop-after 6` of a 20-step schedule: the rung logs 6 steps whose learning rates and losses are DDP's first 6
+    of 20 (no warmup, so a 6-step cosine would differ from step 2 on), it counts as run, and the report says so."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    common = ["--steps", "20", "--warmup", "2", "--out", out, "--work-dir", work]
+    train = ["--", "--per_device_train_batch_size", "4", "--block_size", "64", "--max_eval_samples", "4",
+             "--warmup_steps", "0"]
+    full = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "ddp", *common, *train], timeout=600)
+    assert full.returncode == 0, explain(full)
+    short = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "zero3", "--stop-after", "6", *common,
+                 *train], timeout=600)
+    assert short.returncode == 0, explain(short)
+    assert "compare zero3: stopped after 6 of 20 steps, as asked" in short.stderr
+
+    def steps(name):
+        return [json.loads(line) for line in (out / "rungs" / f"{name}.jsonl").read_text().splitlines()
+                if '"loss"' in line]
+
+    ddp, zero3 = steps("ddp"), steps("zero3")
+    assert [r["step"] for r in zero3] == list(range(1, 7))
+    assert [r["learning_rate"] for r in zero3] == [r["learning_rate"] for r in ddp[:6]]
+    assert ddp[1]["learning_rate"] < ddp[0]["learning_rate"]  # the cosine decays from step 1: the check can fail
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(zero3, ddp)) < 1e-4
+    summary = json.loads((out / "rungs" / "zero3.json").read_text())
+    assert summary["steps"] == 6 and summary["schedule_steps"] == 20 and "error" not in summary
+    assert "| zero3 (first 6 of the 20-step schedule: Δloss over those) |" in (out / "seed_claims_tiny.md").read_text()
