@@ -79,5 +79,7 @@ def test_stop_at_ends_a_run_after_that_many_steps_and_counts_it(tmp_path, capfd)
     assert _follow(proc, log, 1000, "long", limit=60, stop_at=5) == 0
     assert proc.poll() is not None  # stopped, long before its 1000 steps
     logged = sum(1 for line in log.read_text().splitlines() if '"loss"' in line)
-    assert 5 <= logged < 100
-    assert f"long: stopped after {logged} of 1000 steps, as asked" in capfd.readouterr().err
+    import re
+
+    said = re.search(r"long: stopped after (\d+) of 1000 steps, as asked", capfd.readouterr().err)
+    assert said and 5 <= int(said.group(1)) <= logged < 100  # a line may land between the count and the kill
