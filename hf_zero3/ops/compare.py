@@ -209,6 +209,8 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
             if proc.poll() is None:
                 _stop(proc)
     records = _read_jsonl(run_dir / "train_log.jsonl")
+    if 0 < stop_after < steps:  # the run is polled, so a step or two past N may have been logged before the stop
+        records = [r for r in records if r.get("step", 0) <= stop_after]
     summary: dict[str, Any] = {"rung": rung.name, "command": shlex.join(cmd), "ds_config": config,
                                "init_sha256": init_sha, **meta, **summarize(records, warmup), "schedule_steps": steps}
     if code == 124:
