@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import sys
@@ -14,6 +15,7 @@ from hf_zero3 import recipes
 from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._gather import gather_from_ranks
 from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.checkpoint.space import SaveSize, save_size
 
 
 class CheckpointGuardCallback(TrainerCallback):
@@ -25,7 +27,10 @@ class CheckpointGuardCallback(TrainerCallback):
     checks `latest`, the trainer state and the gathered 16-bit weights, and only then writes
     `hf_zero3_complete.json` (see `hf_zero3.checkpoint.lifecycle`). Before a save, every rank checks that the disk can
     hold one more checkpoint, so a full disk is a clear error instead of a half-written folder; a save that
-    fails anyway (the disk filled up meanwhile) ends with a note that names the cause and the way back.
+    fails anyway (the disk filled up meanwhile) ends with a note that names the cause and the way back. When
+    training starts, the size of the first save is estimated from the model (`hf_zero3.checkpoint.space`): a disk
+    that cannot hold it is an error then, not hours later; one that cannot hold the newest N while the next is
+    written is a warning.
 
     Args:
         save_total_limit: complete checkpoints to keep (None: keep all). Set it here and leave
@@ -42,6 +47,9 @@ class CheckpointGuardCallback(TrainerCallback):
         self._first_step = 0  # of this run (a resumed run starts later): the throughput it measured
         self._saving: Path | None = None  # the checkpoint being written, between on_step_end and on_save
         self._previous_hook = None
+        self._first_save_bytes = 0  # estimated for this rank's node, until a complete checkpoint measures it
+        self._training = False
+        self._foreseen = False  # the save flagged in on_evaluate (save_strategy "best"), not yet made
 
     def on_train_begin(self, args, state, control, **kwargs):
         if args.save_total_limit is not None:
@@ -61,13 +69,64 @@ class CheckpointGuardCallback(TrainerCallback):
             raise ckpt.CheckpointError(
                 f"this run would save into folders that are not its to overwrite: {sorted(set(collisions))}. Nothing "
                 "was written; move them out of output_dir and run again")
+        if kwargs.get("model") is not None:
+            self._check_space(args, state, *_save_sizes(args, kwargs["model"]))
         self._first_step = state.global_step
         self._previous_hook = sys.excepthook
         sys.excepthook = lambda *exc: self._explain_failed_save(args, *exc)
+        self._training = True
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._training = False
+        self.on_step_begin(args, state, control)  # a "best" save flagged at the last evaluation but not made
         if self._previous_hook is not None:
             sys.excepthook, self._previous_hook = self._previous_hook, None
+
+    def _check_space(self, args, state, checkpoint: SaveSize, final: SaveSize) -> None:
+        """Every rank: its node's disk holds the first save (else an error before any step) and, as a warning,
+        the checkpoints this run keeps at once (the newest `save_total_limit` while the next is written) plus the
+        final model."""
+        saves = args.save_strategy != "no"
+        final_too = bool(getattr(args, "save_final_model", True))
+        if not saves and not final_too:
+            return
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
+        node0 = args.process_index == args.local_process_index  # rank 0's node also gets the whole-model files
+        on_node = lambda size: size.on_node(local, args.world_size, node0)  # noqa: E731
+        first = on_node(checkpoint if saves else final)
+        new = self._new_checkpoints(args, state) if saves else 0
+        if saves and self.save_total_limit:
+            new = max(1, min(new, self.save_total_limit + 1 - len(ckpt.complete_checkpoints(args.output_dir))))
+        most = new * on_node(checkpoint) + (on_node(final) if final_too else 0)
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(args.output_dir).free
+        records = gather_from_ranks({"rank": args.process_index, "free": free, "first": first, "most": most})
+        if short := [r for r in records if r["free"] < r["first"]]:
+            r = min(short, key=lambda r: r["free"] - r["first"])
+            shards = (" ZeRO-3 without 16-bit gathering saves ZeRO shards: the fp32 weights and the optimizer's "
+                      "moments, 12 B per parameter with Adam." if checkpoint.sharded and not checkpoint.whole else "")
+            raise ckpt.CheckpointError(
+                f"the disk of {args.output_dir} (rank {r['rank']}) has {r['free'] / 1e9:.1f} GB free, but "
+                f"{'the first checkpoint' if saves else 'the final model'} of this model takes about "
+                f"{r['first'] / 1e9:.1f} GB "
+                f"there, so that save would fail.{shards} Nothing was written: put output_dir on a larger disk (or "
+                "free space), then run the same command")
+        self._first_save_bytes = first
+        worst = min(records, key=lambda r: r["free"] - r["most"])
+        if state.is_world_process_zero and worst["free"] < worst["most"]:
+            say(f"hf_zero3: warning: the disk of {args.output_dir} has {worst['free'] / 1e9:.1f} GB free, but this "
+                f"run writes {new} more checkpoint(s) of about {checkpoint.total / 1e9:.1f} GB that are on disk at "
+                f"once (save_total_limit={self.save_total_limit}, while the next is written)"
+                + (f" and a final model of {final.total / 1e9:.1f} GB" if final_too else "")
+                + f", about {worst['most'] / 1e9:.1f} GB: a later save will stop the run with a disk-full error. "
+                "Lower save_total_limit, or put output_dir on a larger disk")
+
+    @staticmethod
+    def _new_checkpoints(args, state) -> int:
+        """How many checkpoints this run will write (1 when the schedule does not say: steps unknown, epochs)."""
+        if args.save_strategy == "steps" and state.save_steps and state.max_steps > 0:
+            return max(1, (state.max_steps - state.global_step) // state.save_steps)
+        return 1
 
     def _explain_failed_save(self, args, exc_type, exc, tb) -> None:
         """torch.save reports a full disk as "iostream error" / "unexpected pos": say what happened, what now."""
@@ -75,7 +134,7 @@ class CheckpointGuardCallback(TrainerCallback):
         if self._saving is None:
             return
         newest = ckpt.newest_complete(args.output_dir)
-        need = (ckpt.read_marker(newest) or {}).get("bytes", 0) if newest else 0
+        need = (ckpt.read_marker(newest) or {}).get("bytes", 0) if newest else self._first_save_bytes
         free = shutil.disk_usage(self._saving if self._saving.exists() else args.output_dir).free
         cause = (f"the disk is full ({free / 1e6:.1f} MB free, a checkpoint takes {need / 1e6:.1f} MB)"
                  if free < need else f"{exc_type.__name__}, {free / 1e6:.1f} MB free on its disk")
@@ -87,6 +146,22 @@ class CheckpointGuardCallback(TrainerCallback):
         if control.should_save:
             self._before_save(args, state)
 
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        """save_strategy "best": the Trainer decides to save after evaluating, past on_step_end; the same test
+        (`Trainer._determine_best_metric`) tells here whether it will."""
+        if self._training and args.save_strategy == "best" and _new_best(args, state, metrics or {}):
+            self._before_save(args, state)
+            self._foreseen = True
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """A save foreseen in on_evaluate that the Trainer did not make: drop the folder that holds only the flag."""
+        if self._foreseen and self._saving is not None:
+            if state.is_world_process_zero and self._saving.is_dir() \
+                    and [p.name for p in self._saving.iterdir()] == [ckpt.SAVING]:
+                ckpt.remove_checkpoint(self._saving)
+            self._saving = None
+        self._foreseen = False
+
     def on_epoch_end(self, args, state, control, **kwargs):
         if control.should_save:
             self._before_save(args, state)
@@ -95,7 +170,8 @@ class CheckpointGuardCallback(TrainerCallback):
         folder = ckpt.checkpoint_dir(args.output_dir, state.global_step)
         there = ckpt.classify(folder, ckpt.read_run_id(args.output_dir)) if folder.exists() else None
         newest = ckpt.newest_complete(args.output_dir)
-        need = int((ckpt.read_marker(newest) or {}).get("bytes", 0) * self.space_margin) if newest else 0
+        need = int(((ckpt.read_marker(newest) or {}).get("bytes", 0) if newest else self._first_save_bytes)
+                   * self.space_margin)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(args.output_dir).free
         taken = there is not None and there.kind not in ("unfinished", "empty")
@@ -140,13 +216,35 @@ class CheckpointGuardCallback(TrainerCallback):
             raise ckpt.CheckpointError(
                 f"{folder} is incomplete: {'; '.join(problems)}. It has no completion marker, so it is never "
                 f"resumed from; the newest complete checkpoint is {ckpt.newest_complete(args.output_dir)}")
-        self._saving = None
+        self._saving, self._foreseen = None, False
         if not state.is_world_process_zero:
             return
         ckpt.write_marker(folder, {**_provenance(args, state, self._first_step), "sources": self.sources},
                           hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
             say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
+
+
+def _new_best(args, state, metrics: dict) -> bool:
+    """Whether `metrics` beat `state.best_metric` as the Trainer judges it (`metric_for_best_model`; no best yet:
+    anything finite beats it; NaN never does)."""
+    name = args.metric_for_best_model or "loss"
+    value = metrics.get(name if name.startswith("eval_") else f"eval_{name}")
+    if value is None:
+        return False
+    best = state.best_metric
+    if best is None:
+        best = float("-inf") if args.greater_is_better else float("inf")
+    return value > best if args.greater_is_better else value < best
+
+
+def _save_sizes(args, model) -> tuple[SaveSize, SaveSize]:
+    """(a checkpoint, the final model) of this run's model, estimated (ZeRO-3 parameters count whole)."""
+    params = list(model.parameters())
+    count = sum(getattr(p, "ds_numel", p.numel()) for p in params)
+    ds = args.hf_deepspeed_config.config if args.deepspeed else None
+    optimizer = ((ds or {}).get("optimizer") or {}).get("type") or getattr(args.optim, "value", str(args.optim))
+    return save_size(count, params[0].element_size() if params else 0, ds, optimizer, _gathers_weights(args))
 
 
 def _gathers_weights(args) -> bool:

@@ -32,6 +32,10 @@ MARKER = "hf_zero3_complete.json"
 SAVING = "hf_zero3_saving"
 """Written into a checkpoint folder before the save starts, removed with the marker: "ours, unfinished". Holds the
 run id of the output_dir and the step, so only a save that a run on this output_dir started is ever deleted."""
+FAILED = "hf_zero3_failed.json"
+"""Written into a marked checkpoint whose files failed their checksums when a run looked for one to resume: from
+then on it is damaged, never complete. Otherwise keep-last-N would still count it (by size it looks whole) and, its
+step being higher, keep it and delete the good checkpoints the resumed run writes. The folder stays for the user."""
 RUN_ID = "hf_zero3_run.json"
 """In output_dir: the id of the run that owns it (created when a run starts there)."""
 FINISHED = "hf_zero3_finished.json"
@@ -344,7 +348,7 @@ def is_complete(checkpoint: str | os.PathLike) -> bool:
     compares checksums, `verify_complete`)."""
     record = read_marker(checkpoint)
     return (record is not None and record.get("step") == checkpoint_step(checkpoint)
-            and not missing_files(checkpoint, record))
+            and not (Path(checkpoint) / FAILED).exists() and not missing_files(checkpoint, record))
 
 
 def verify_complete(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1) -> list[str]:
@@ -465,12 +469,23 @@ class Found:
         return checkpoint_step(self.path)
 
 
-def _saving_record(checkpoint: Path) -> dict | None:
+def _read_json(path: Path) -> dict | None:
     try:
-        record = json.loads((checkpoint / SAVING).read_text())
+        record = json.loads(path.read_text())
         return record if isinstance(record, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def _saving_record(checkpoint: Path) -> dict | None:
+    return _read_json(checkpoint / SAVING)
+
+
+def mark_failed(checkpoint: str | os.PathLike, problems: str) -> None:
+    """Record that a marked checkpoint failed verification (rank 0): it counts as damaged from now on."""
+    _write_json(Path(checkpoint) / FAILED, {"problems": problems, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                            "note": "its files no longer match the checksums written at save "
+                                                    "time; hf_zero3 neither resumes from it nor deletes it"})
 
 
 def classify(checkpoint: str | os.PathLike, run_id: str | None) -> Found:
@@ -478,6 +493,8 @@ def classify(checkpoint: str | os.PathLike, run_id: str | None) -> Found:
     path = Path(checkpoint)
     record = read_marker(path)
     if record is not None:
+        if (failed := _read_json(path / FAILED)) is not None:
+            return Found(path, "damaged", f"failed verification on {failed.get('at')}: {failed.get('problems')}")
         if record.get("step") != checkpoint_step(path):
             return Found(path, "damaged", f"its marker is for step {record.get('step')}")
         problems = missing_files(path, record)
@@ -504,7 +521,7 @@ def survey(output_dir: str | os.PathLike) -> list[Found]:
 
 def describe_found(found: list[Found]) -> str:
     """One line: each folder with why it was not resumed from."""
-    return "; ".join(f"{f.path.name}: {f.why}" for f in found)
+    return "; ".join(f"{f.path.name}: {f.why or f.kind}" for f in found)
 
 
 def rotate(output_dir: str | os.PathLike, keep: int | None,
@@ -537,6 +554,8 @@ class ResumePlan:
     target: Path | None
     delete: list[Path] = field(default_factory=list)
     skipped: list[Found] = field(default_factory=list)
+    failed: list[Found] = field(default_factory=list)
+    """Marked checkpoints whose files failed verification just now (the caller records it: `mark_failed`)."""
 
 
 def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: int,
@@ -559,8 +578,9 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: i
                 target = item.path
                 break
             skipped.append(Found(item.path, "damaged", f"fails verification: {'; '.join(problems[:3])}"))
+        failed = list(skipped)
     else:
-        target, skipped = Path(resume), []
+        target, skipped, failed = Path(resume), [], []
         problems = verify(target) if read_marker(target) is not None else verify_checkpoint(target)
         if problems:
             good = newest_verified(found, verify, before=checkpoint_step(target))
@@ -584,7 +604,7 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: i
             raise CheckpointError(f"{target} was written by {written_by} ranks and this run has {world_size}: run "
                                   f"`hf-zero3 reshard {target}` once, then resume with "
                                   '"checkpoint": {"load_universal": true} in the ds_config')
-    return ResumePlan(target, delete, sorted(skipped, key=lambda f: f.step))
+    return ResumePlan(target, delete, sorted(skipped, key=lambda f: f.step), failed)
 
 
 def newest_verified(found: list[Found], verify: Callable[[Path], list[str]] = verify_complete,

@@ -264,8 +264,10 @@ def _is_finished(record: dict | None, args) -> bool:
 
 def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
     """The checkpoint is at (or past) max_steps but the run died before its final save: the final model is the
-    checkpoint's (the Trainer saved it with the same `save_model`); link or copy it, then mark the run finished.
-    Resuming instead would train one step past max_steps."""
+    checkpoint's (the Trainer saved it with the same `save_model`); copy it, then mark the run finished.
+    Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
+    output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
+    the checkpoint with them."""
     from hf_zero3.checkpoint.lifecycle import checkpoint_step, rotate, write_finished
 
     if is_world_process_zero():
@@ -274,10 +276,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
                 target = output_dir / path.name
                 tmp = output_dir / f".{path.name}.tmp"
                 tmp.unlink(missing_ok=True)
-                try:
-                    os.link(path, tmp)
-                except OSError:
-                    shutil.copy2(path, tmp)
+                shutil.copy2(path, tmp)
                 os.replace(tmp, target)
         if not any(output_dir.glob("model*.safetensors")):
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
@@ -324,6 +323,8 @@ def _start_point(args) -> str | None:
             raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
                              f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
                              "output_dir (or choose another output_dir) to start over")
+        for found in plan.failed if is_world_process_zero() else []:  # so that keep-last-N never counts it again
+            ckpt.mark_failed(found.path, found.why)
         for found in plan.skipped if is_world_process_zero() else []:
             print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
                   f"you do not need it); resuming from {plan.target}", flush=True)
@@ -352,6 +353,12 @@ def _start_point(args) -> str | None:
         if target is not None:
             return str(target)
     if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
+        if resume == "auto" and (record := ckpt.read_finished(output_dir)) is not None:
+            raise UsageError(f"{output_dir} holds a finished run (step {record.get('global_step')}, its final model) "
+                             "and no complete checkpoint to continue from, so training further would start from "
+                             "scratch and overwrite that model. Nothing was changed. To train on from it, start a "
+                             f"new run with --model_name_or_path {output_dir} and another output_dir; to train "
+                             "over it, pass --overwrite_output_dir true")
         if resume == "auto" and ckpt.read_run_id(output_dir) is not None:
             if is_world_process_zero():
                 print(f"hf_zero3: no complete checkpoint in {output_dir} yet: starting from scratch", flush=True)

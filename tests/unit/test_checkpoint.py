@@ -337,3 +337,32 @@ def test_cli_registers_export_reshard_push_and_fails_clearly_on_an_incomplete_ch
     save_file({"w": torch.empty(0)}, str(empty / "model.safetensors"))
     assert cli_main(["push", str(empty), "--repo-id", "org/name"]) == 2
     assert "not pushing" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_failed_its_checksums_never_takes_a_place_in_keep_last_n(tmp_path):
+    """A corrupted checkpoint-20 looks whole by size. Once a resume found it corrupted it is recorded as damaged,
+    so the resumed run's rotation keeps its own new checkpoint, not the corrupted one with the higher step."""
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 10)
+    bad = make_checkpoint(tmp_path, 20)
+    shard = bad / "global_step20/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with shard.open("r+b") as f:
+        f.seek(shard.stat().st_size // 2)
+        f.write(bytes(64))
+    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert plan.target == tmp_path / "checkpoint-10" and [f.path for f in plan.failed] == [bad]
+    ckpt.mark_failed(bad, plan.failed[0].why)
+    assert not ckpt.is_complete(bad) and ckpt.classify(bad, ckpt.read_run_id(tmp_path)).kind == "damaged"
+    assert "optim_states.pt is corrupted" in ckpt.classify(bad, None).why
+    make_checkpoint(tmp_path, 15)  # the resumed run's next save
+    assert steps(ckpt.rotate(tmp_path, keep=1)) == [10]
+    assert steps(ckpt.complete_checkpoints(tmp_path)) == [15] and bad.is_dir()  # kept for the user, not counted
+    again = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert again.target == tmp_path / "checkpoint-15" and again.failed == []
+    assert [f.path for f in again.skipped] == [bad]
+    assert ckpt.save_collisions(tmp_path, 15, 20, 5)[0].why.startswith("failed verification on ")
+
+
+def test_an_explicit_resume_does_not_record_a_failure(tmp_path):
+    make_checkpoint(tmp_path, 10)
+    assert ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2).failed == []

@@ -341,3 +341,37 @@ def test_exit_process_wakes_an_executor_left_open_as_a_normal_exit_does(tmp_path
                    "pool.submit(lambda: 1).result()\n"
                    "exit_process(0)\n")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_finished_run_without_checkpoints_is_not_trained_over_from_scratch(capsys, tmp_path):
+    """Raising max_steps on a finished run whose checkpoints are gone would restart from step 0 and overwrite its
+    final model: refused, with the two ways on."""
+    from hf_zero3.checkpoint import lifecycle as ckpt
+
+    out = tmp_path / "done"
+    ckpt.claim_output_dir(out)
+    (out / "model.safetensors").write_bytes(b"the final weights")
+    ckpt.write_finished(out, {"global_step": 8, "max_steps": 8})
+    err = train_fails(capsys, "--output_dir", out, "--resume_from_checkpoint", "auto", "--max_steps", "16")
+    assert "holds a finished run (step 8, its final model) and no complete checkpoint" in err
+    assert f"--model_name_or_path {out} and another output_dir" in err and "--overwrite_output_dir true" in err
+    assert (out / "model.safetensors").read_bytes() == b"the final weights"
+    assert ckpt.read_finished(out)["global_step"] == 8
+
+
+def test_finishing_from_a_checkpoint_copies_its_files_so_later_writes_leave_it_whole(tmp_path):
+    """The final model taken from a checkpoint at max_steps must not share files with it: the Trainer rewrites
+    output_dir's trainer_state.json and weights in place when the run is continued."""
+    from transformers import TrainingArguments
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from hf_zero3.run.train import _finish_from
+    from tests.conftest import make_checkpoint
+
+    ckpt.claim_output_dir(tmp_path)
+    folder = make_checkpoint(tmp_path, 8)
+    _finish_from(folder, tmp_path, TrainingArguments(output_dir=str(tmp_path), max_steps=8, report_to=[]))
+    for name in ("trainer_state.json", "model.safetensors", "config.json"):
+        assert not (tmp_path / name).samefile(folder / name), name
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 16, "log_history": []}))
+    assert ckpt.verify_complete(folder) == [] and ckpt.is_complete(folder)
