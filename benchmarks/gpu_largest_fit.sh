@@ -10,7 +10,8 @@
 # Run from the repository root:  bash benchmarks/gpu_largest_fit.sh   (about 7 minutes; CHECK_ONLY=1: no GPU part)
 # Variants of the recipe's ds_config: PIN_MEMORY=true|false (offload_optimizer.pin_memory), BREAKDOWN=1 (DeepSpeed's
 # wall_clock_breakdown timers in train.log), GATHER=true|false (stage3_gather_16bit_weights_on_model_save: the final
-# save_model gathers the 16-bit model into rank 0's host RAM, or writes ZeRO shards), PERSIST=N
+# save_model gathers the 16-bit model into rank 0's host RAM, or writes ZeRO shards; without GATHER there is no
+# final save: recipe 10b-h200x1's ZeRO shards, 129 GB, do not fit the single-H200 box's 64 GiB disk), PERSIST=N
 # (stage3_param_persistence_threshold; 9223372036854775807 = every parameter, the planner's one-GPU choice). E.g. the
 # 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
 set -uo pipefail
@@ -68,7 +69,7 @@ smi_pid=$!
 start=$(date +%s)
 NUM_GPUS=$GPUS timeout "$TIMEOUT" "recipes/$RECIPE/launch.sh" --train_file assets/tiny/corpus/train.txt --deepspeed "$(realpath "$config")" \
   --per_device_train_batch_size "$micro" --gradient_accumulation_steps "$accum" --max_steps "$STEPS" --warmup_steps 2 --logging_steps 1 \
-  --save_strategy no --output_dir "$WORK/run" > "$OUT/train.log" 2>&1
+  --save_strategy no --save_final_model "$( [ -n "${GATHER:-}" ] && echo true || echo false )" --output_dir "$WORK/run" > "$OUT/train.log" 2>&1
 rc=$?
 kill $host_pid $smi_pid 2>/dev/null
 cp "$WORK/run/train_log.jsonl" "$OUT/" 2>/dev/null
