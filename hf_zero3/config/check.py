@@ -24,24 +24,23 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
     """
     train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps optimizer scheduler
     communication_data_type seq_parallel_communication_data_type prescale_gradients gradient_predivide_factor
-    gradient_allreduce_op sparse_gradients fp16 bf16 bfloat16 amp torch_autocast gradient_clipping
+    gradient_allreduce_op fp16 bf16 bfloat16 torch_autocast gradient_clipping
     zero_optimization zero_allow_untested_optimizer zero_force_ds_cpu_optimizer aio activation_checkpointing
     steps_per_print wall_clock_breakdown memory_breakdown dump_state flops_profiler tensorboard csv_monitor
-    wandb comet comms_logger elasticity autotuning sparse_attention data_efficiency curriculum_learning
-    compression_training checkpoint data_types pipeline disable_allgather dataloader_drop_last eigenvalue
-    progressive_layer_drop quantize_training nebula timers compile hybrid_engine weight_quantization
-    tensor_parallel sequence_parallel_size expert_parallel graph_harvesting use_data_before_expert_parallelism
-    log_level disable_python_gc managed_gradient_accumulation mics_shard_size mics_hierarchical_params_gather
-    vocabulary_size
+    wandb comet comms_logger autotuning data_efficiency checkpoint data_types pipeline disable_allgather
+    dataloader_drop_last timers compile hybrid_engine weight_quantization tensor_parallel sequence_parallel_size
+    expert_parallel use_data_before_expert_parallelism log_level disable_python_gc managed_gradient_accumulation
+    vocabulary_size datastates_ckpt
     """.split()
 )
-"""Top-level keys DeepSpeed 0.19 reads (runtime/config.py, constants.py and the feature configs)."""
+"""Top-level keys DeepSpeed 0.19 reads (runtime/config.py, constants.py and the feature configs). The blocks it
+removed (amp, nebula, elasticity, ...) are not here: it refuses to start with them (`removed_keys`)."""
 
 SMALL_BLOCK_KEYS = {
     "optimizer": {"type", "params", "legacy_fusion"},
     "scheduler": {"type", "params"},
     "aio": {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
-            "overlap_events", "use_gds"},
+            "overlap_events", "use_gds"},  # thread_count: accepted, ignored (IGNORED_KEYS)
     "activation_checkpointing": {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
                                  "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
     "flops_profiler": {"enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
@@ -51,6 +50,16 @@ SMALL_BLOCK_KEYS = {
     "data_types": {"grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules"},
     "timers": {"throughput"},
 }
+
+IGNORED_KEYS = {
+    "aio.thread_count": "DeepSpeed 0.19 ignores it (swap_tensor/aio_config.py reads block_size, queue_depth, "
+                        "intra_op_parallelism, single_submit, overlap_events and use_gds): set intra_op_parallelism "
+                        "for parallel I/O threads and remove thread_count",
+}
+"""Keys DeepSpeed accepts but does not read: the setting does nothing."""
+
+ADAM_EXTRA_PARAMS = frozenset({"adam_w_mode", "torch_adam", "fp32_optimizer_states"})
+"""Adam/AdamW params DeepSpeed's engine pops before building the optimizer (engine.py _configure_basic_optimizer)."""
 
 POSITIVE_KEYS = frozenset(
     {
@@ -139,6 +148,7 @@ def check_ds_config(
     findings += _check_precision(config, device, training_args)
     findings += _bridge_matches(config, training_args or {})
     findings += _zero(config)
+    findings += _optimizer(config.get("optimizer"))  # after _zero: a partial-offload problem is named first
     findings += _persistence(config, world_size)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
     seen: set[tuple[str, str]] = set()
@@ -193,19 +203,43 @@ def _block_models() -> dict[str, type[BaseModel]]:
             "tensor_parallel": TPTrainingConfig, "timers.throughput": DeepSpeedThroughputTimerConfig}
 
 
+def removed_keys() -> tuple[dict[str, str], dict[str, str]]:
+    """DeepSpeed's own tables of the top-level and zero_optimization keys it removed and refuses at start-up,
+    each with its reason (runtime/config.py, 0.19+; empty where the installed DeepSpeed has none)."""
+    from deepspeed.runtime import config as ds_config
+
+    return (getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}),
+            getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {}))
+
+
 def _unknown_and_invalid(config: dict) -> list[Finding]:
     findings = []
+    removed, removed_zero = removed_keys()
+    zero = config.get("zero_optimization")
+    for key, why in [*((k, removed[k]) for k in config if k in removed),
+                     *((f"zero_optimization.{k}", removed_zero[k]) for k in (zero if isinstance(zero, dict) else {})
+                       if k in removed_zero)]:
+        findings.append(Finding("error", key, f"removed from DeepSpeed, which refuses to start with it: "
+                                              f"{why.strip()} Remove '{key.split('.')[-1]}' from the config."))
     for key in config:
+        if key in removed:
+            continue
         if key not in KNOWN_TOP_LEVEL_KEYS:
             findings.append(Finding("error", key, "unknown top-level key (DeepSpeed ignores it silently)"
                                     f"{_did_you_mean(key, KNOWN_TOP_LEVEL_KEYS)} Remove or rename it."))
     for block, allowed in SMALL_BLOCK_KEYS.items():
         value = config.get(block)
+        if value is not None and not isinstance(value, dict):
+            fix = (f"write it as {json.dumps({'type': value, 'params': {}})}" if block in ("optimizer", "scheduler")
+                   else f"write it as an object of {block} keys")
+            findings.append(Finding("error", block, f"must be a JSON object, not {json.dumps(value)}: {fix}, "
+                                                    "or remove it"))
         if isinstance(value, dict):
             for key in value:
                 if key not in allowed:
                     findings.append(Finding("error", f"{block}.{key}", f"unknown key in '{block}'"
                                             f"{_did_you_mean(key, allowed)} Allowed: {', '.join(sorted(allowed))}."))
+    findings += [Finding("warning", key, why) for key, why in IGNORED_KEYS.items() if _get(config, key) is not None]
     findings += _scheduler_params(config.get("scheduler"))
     for block, model in _block_models().items():
         value = _get(config, block)
@@ -242,6 +276,52 @@ def _scheduler_params(scheduler: Any) -> list[Finding]:
             for key in (params if isinstance(params, dict) else {}) if key not in allowed]
 
 
+def _optimizer(optimizer: Any) -> list[Finding]:
+    """The optimizer type DeepSpeed builds and the params it passes to it as keyword arguments: a misspelt one
+    stops the run (engine.py `_configure_basic_optimizer`)."""
+    import inspect
+
+    import torch
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    if not isinstance(optimizer, dict):
+        return []  # absent, or reported as not a JSON object
+    kind = optimizer.get("type")
+    if kind is None:
+        return [Finding("error", "optimizer.type", "missing: DeepSpeed then builds no optimizer from this block. Add "
+                                                   "\"type\": \"AdamW\" (or remove the block: the Trainer's --optim "
+                                                   "applies)")]
+    # The classes DeepSpeed may build for each of its names (offloaded or not, torch_adam or not).
+    classes = {"adam": (FusedAdam, DeepSpeedCPUAdam, torch.optim.Adam),
+               "adamw": (FusedAdam, DeepSpeedCPUAdam, torch.optim.AdamW), "lamb": (FusedLamb,),
+               "lion": (FusedLion, DeepSpeedCPULion), "adagrad": (DeepSpeedCPUAdagrad, torch.optim.Adagrad)}
+    torch_class = getattr(torch.optim, kind, None) if isinstance(kind, str) else None
+    if isinstance(kind, str) and kind.lower() in DEEPSPEED_OPTIMIZERS:
+        cls = classes.get(kind.lower())  # the mu* and muon optimizers: their params are not checked
+    elif isinstance(torch_class, type) and issubclass(torch_class, torch.optim.Optimizer):
+        cls = (torch_class,)
+    else:
+        return [Finding("error", "optimizer.type",
+                        f"unknown optimizer {kind!r}{_did_you_mean(str(kind).lower(), DEEPSPEED_OPTIMIZERS)} Use one "
+                        f"of DeepSpeed's {', '.join(DEEPSPEED_OPTIMIZERS)} (any case) or a torch.optim class name "
+                        "such as 'SGD' (or remove the block: the Trainer's --optim applies)")]
+    params = optimizer.get("params")
+    if cls is None or not isinstance(params, dict):
+        return []
+    allowed = set().union(*(inspect.signature(c).parameters for c in cls)) - {"params", "model_params", "adamw_mode",
+                                                                              "max_grad_norm"}
+    if kind.lower() in ("adam", "adamw"):
+        allowed |= ADAM_EXTRA_PARAMS
+    return [Finding("error", f"optimizer.params.{key}",
+                    "DeepSpeed refuses it: set the top-level gradient_clipping instead" if key == "max_grad_norm" else
+                    f"unknown parameter of {kind}{_did_you_mean(key, allowed)} Allowed: {', '.join(sorted(allowed))}.")
+            for key in params if key not in allowed]
+
+
 def _validate_with(model: type[BaseModel], block: str, value: dict) -> list[Finding]:
     """Run a DeepSpeed pydantic model over a block; unfilled "auto" values are reported elsewhere."""
     stage = value.get("stage") if block == "zero_optimization" else None
@@ -255,6 +335,10 @@ def _validate_with(model: type[BaseModel], block: str, value: dict) -> list[Find
             data["stage"] = stage
     try:
         model(**data)
+    except AssertionError as e:  # DeepSpeed's deprecated-field check: an old key given together with its replacement
+        old = str(e).split("'")[1] if "'" in str(e) else ""
+        findings.append(Finding("error", f"{block}.{old}" if old else block,
+                                f"{e} (DeepSpeed asserts at start-up): remove the deprecated '{old}'"))
     except ValidationError as e:
         names = _field_names(model)
         for err in e.errors():
@@ -340,11 +424,14 @@ def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: in
             known, name, other, other_name = micro, "micro batch", "gradient_accumulation_steps", "accumulation"
         else:
             known, name, other, other_name = accum, "accumulation", "train_micro_batch_size_per_gpu", "micro batch"
-        if known is None:
+        if known is None and total % world:
+            findings.append(Finding("error", "train_batch_size",
+                                    f"{total} is not divisible by world size {world} (DeepSpeed asserts train_batch_size "
+                                    "= micro batch x accumulation x world size): set it to a multiple of "
+                                    f"{world}, or to 'auto'"))
+        elif known is None:
             findings.append(Finding("info", "train_batch_size",
-                                    f"DeepSpeed will use accumulation 1 and micro batch {total} / {world}"
-                                    + ("" if total % world == 0 else f": {total} is not divisible by world size "
-                                       f"{world}; fix train_batch_size")))
+                                    f"DeepSpeed will use accumulation 1 and micro batch {total} / {world}"))
         elif total % (known * world):
             findings.append(Finding("error", "train_batch_size",
                                     f"{total} is not divisible by {name} {known} x world size {world}: "
@@ -440,6 +527,11 @@ def _zero(config: dict) -> list[Finding]:
                                 "passes torch AdamW, which DeepSpeed refuses with ZeRO-Offload (or runs slowly "
                                 "on CPU). Add " + json.dumps({"optimizer": OFFLOADED_OPTIMIZER_BLOCK})
                                 + " (hf-zero3 config new does)"))
+    if opt_device == "nvme" and stage in (1, 2):
+        findings.append(Finding("error", "zero_optimization.offload_optimizer.device",
+                                f"'nvme' needs ZeRO stage 3 (stage is {stage}): stages 1 and 2 offload to host RAM "
+                                "whatever the device and ignore nvme_path (DeepSpeed's stage_1_and_2.py). Set "
+                                "zero_optimization.stage to 3, or device to 'cpu'"))
     findings += _partial_offload(config, stage, opt_device)
     for which, device in (("offload_param", param_device), ("offload_optimizer", opt_device)):
         if device == "nvme":

@@ -6,10 +6,12 @@ what does nothing or is wrong; every change is returned as a note so nothing is 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from hf_zero3.config.check import KNOWN_TOP_LEVEL_KEYS
-from hf_zero3.config.spec import Fp16Scaling, ZeroSpec
+from hf_zero3.config.build import OFFLOADED_OPTIMIZER_BLOCK
+from hf_zero3.config.check import KNOWN_TOP_LEVEL_KEYS, removed_keys
+from hf_zero3.config.spec import AioSpec, Fp16Scaling, ZeroSpec
 
 _ZERO_FIELDS = {
     "stage": "stage",
@@ -38,19 +40,29 @@ _OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_si
 
 
 def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -> tuple[ZeroSpec, list[str]]:
-    """The spec equivalent to `config`, and notes on what was changed, dropped or added."""
+    """The spec equivalent to `config`, and notes on what was changed, dropped or added.
+
+    A block of the wrong JSON type (e.g. `"optimizer": "adam"`) is a ValueError naming it."""
     notes: list[str] = []
     fields: dict[str, Any] = {}
-    zero = dict(config.get("zero_optimization") or {})
+    removed, removed_zero = removed_keys()
+    zero = dict(_block(config, "zero_optimization"))
     for key, field in _ZERO_FIELDS.items():
         if key in zero:
             fields[field] = zero.pop(key)
     if "stage3_gather_fp16_weights_on_model_save" in zero:
-        fields["gather_16bit_weights_on_save"] = zero.pop("stage3_gather_fp16_weights_on_model_save")
+        if "gather_16bit_weights_on_save" in fields:
+            notes.append("dropped the deprecated stage3_gather_fp16_weights_on_model_save: its replacement "
+                         "stage3_gather_16bit_weights_on_model_save is set")
+        fields.setdefault("gather_16bit_weights_on_save", zero.pop("stage3_gather_fp16_weights_on_model_save"))
     if fields.get("stage", 0) == 3 and "gather_16bit_weights_on_save" not in fields:
         notes.append("added stage3_gather_16bit_weights_on_model_save: true (checkpoints hold loadable weights)")
+    for key in sorted(set(zero) & set(removed_zero)):
+        notes.append(f"dropped zero_optimization.{key} (DeepSpeed refuses to start with it): {removed_zero[key]}")
+        zero.pop(key)
     for which in ("offload_optimizer", "offload_param"):
-        block = zero.pop(which, None)
+        block = _block(zero, which, f"zero_optimization.{which}")
+        zero.pop(which, None)
         if block and block.get("device", "none") != "none":
             fields[which] = {k: v for k, v in block.items() if k in _OFFLOAD_KEYS}
             dropped = sorted(set(block) - _OFFLOAD_KEYS)
@@ -66,31 +78,62 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     for key, field in _TOP_FIELDS.items():
         if key in config:
             fields[field] = config[key]
-    fields["precision"] = _precision_of_config(config)
-    scaling = {k: v for k, v in (config.get("fp16") or {}).items() if k in Fp16Scaling.model_fields}
+    fp16 = _block(config, "fp16")
+    bf16 = _block(config, "bf16") or _block(config, "bfloat16")  # "bfloat16": DeepSpeed's old alias
+    fields["precision"] = _precision_of_config(fp16.get("enabled"), bf16.get("enabled"))
+    scaling = {k: v for k, v in fp16.items() if k in Fp16Scaling.model_fields}
     if fields["precision"] == "fp16" and scaling:
         fields["fp16"] = scaling
-    explicit = {k: v for k, v in ((config.get("optimizer") or {}).get("params") or {}).items() if v != "auto"}
-    if explicit and fields.get("offload_optimizer"):
-        notes.append(f"optimizer params {explicit} are now 'auto': pass them as TrainingArguments (--learning_rate, "
+    for name, block, carried in (("fp16", fp16, fields.get("fp16", {})), ("bf16", bf16, {})):
+        dropped = sorted(set(block) - {"enabled"} - set(carried))
+        if dropped:
+            notes.append(f"not carried over from {name} (not modelled; re-add by hand): {dropped}")
+    offloaded = bool(fields.get("offload_optimizer"))
+    nvme = "nvme" in (fields.get(w, {}).get("device") for w in ("offload_optimizer", "offload_param"))
+    aio = _block(config, "aio")
+    if aio and not nvme:
+        notes.append("dropped the aio block: it tunes NVMe offload only, and nothing is offloaded to NVMe")
+    elif aio:
+        fields["aio"] = {k: v for k, v in aio.items() if k in AioSpec.model_fields}
+        dropped = sorted(set(aio) - set(AioSpec.model_fields))
+        if dropped:
+            notes.append(f"not carried over from aio (not modelled; re-add by hand): {dropped}"
+                         + ("; DeepSpeed 0.19 ignores thread_count: use intra_op_parallelism" if "thread_count" in
+                            dropped else ""))
+    optimizer = _block(config, "optimizer")
+    params = _block(optimizer, "params", "optimizer.params")
+    bridged = {k: v for k, v in params.items() if k in OFFLOADED_OPTIMIZER_BLOCK["params"] and v != "auto"}
+    others = sorted({*(f"params.{k}" for k in params if k not in OFFLOADED_OPTIMIZER_BLOCK["params"]),
+                     *(k for k in optimizer if k not in ("type", "params"))})
+    if bridged and offloaded:
+        notes.append(f"optimizer params {bridged} are now 'auto': pass them as TrainingArguments (--learning_rate, "
                      "--adam_beta1/--adam_beta2, --adam_epsilon, --weight_decay)")
-    if "optimizer" not in config and fields.get("offload_optimizer"):
+    if others and offloaded:
+        notes.append(f"not carried over from optimizer (not modelled; re-add by hand): {others}")
+    if "type" in optimizer and str(optimizer["type"]).lower() != "adamw" and offloaded:
+        notes.append(f"replaced optimizer type {optimizer['type']!r} by 'AdamW' (DeepSpeedCPUAdam steps the offloaded "
+                     "states); re-add the type by hand to keep it")
+    if "optimizer" not in config and offloaded:
         notes.append("added an optimizer block (DeepSpeed AdamW, 'auto' params) so DeepSpeedCPUAdam runs")
-    elif "optimizer" in config and not fields.get("offload_optimizer"):
-        notes.append("dropped the optimizer block: without offload the Trainer's --optim applies")
+    elif "optimizer" in config and not offloaded:
+        notes.append(f"dropped the optimizer block ({json.dumps(optimizer)}): without offload the Trainer's --optim "
+                     "and its TrainingArguments apply")
+    checkpointing = _block(config, "activation_checkpointing")
     if isinstance(config.get("activation_checkpointing"), dict):
         fields["activation_checkpointing"] = True
         notes.append("replaced the activation_checkpointing block (a no-op for HF models) by TrainingArguments "
                      "gradient_checkpointing: true")
-        if config["activation_checkpointing"].get("cpu_checkpointing") is True:
+        if checkpointing.get("cpu_checkpointing") is True:
             fields["activation_offload"] = True
             notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
                          "(hf_zero3/run/activation_offload.py)")
-    if config.get("fp16", {}).get("enabled") is True:
+    if fp16.get("enabled") is True:
         notes.append("kept fp16 as asked; on A100/H100/H200 prefer bf16 (--precision bf16)")
     fields.update(_implied_batch(fields, world_size, notes))
+    for key in sorted(set(config) & set(removed)):
+        notes.append(f"dropped '{key}' (DeepSpeed refuses to start with it): {removed[key].strip()}")
     extra = {k: v for k, v in config.items() if k not in _REBUILT and k in KNOWN_TOP_LEVEL_KEYS}
-    unknown = sorted(k for k in config if k not in _REBUILT and k not in KNOWN_TOP_LEVEL_KEYS)
+    unknown = sorted(k for k in config if k not in _REBUILT and k not in KNOWN_TOP_LEVEL_KEYS and k not in removed)
     if unknown:
         notes.append(f"dropped unknown top-level keys (DeepSpeed ignores them): {unknown}")
     if extra:
@@ -98,9 +141,18 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     return ZeroSpec(**fields), notes
 
 
-def _precision_of_config(config: dict) -> str:
-    bf16_block = config.get("bf16", config.get("bfloat16", {}))  # "bfloat16": DeepSpeed's old alias
-    fp16, bf16 = config.get("fp16", {}).get("enabled"), bf16_block.get("enabled")
+def _block(parent: dict, key: str, where: str | None = None) -> dict:
+    """`parent[key]` ({} when absent or null); a ValueError naming it when it is not a JSON object."""
+    value = parent.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{where or key} must be a JSON object, not {json.dumps(value)}")
+    return value or {}
+
+
+def _precision_of_config(fp16: Any, bf16: Any) -> str:
+    for name, value in (("fp16", fp16), ("bf16", bf16)):
+        if value not in (True, False, None, "auto"):
+            raise ValueError(f"{name}.enabled must be true, false or \"auto\", not {json.dumps(value)}")
     if "auto" in (fp16, bf16):
         return "auto"
     if bf16 is True:

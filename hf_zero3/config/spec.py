@@ -6,6 +6,7 @@ field name is an error (`extra="forbid"`), never a setting that silently does no
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -166,13 +167,16 @@ class ZeroSpec(Strict):
             problems.append(f"offload_param needs stage 3 (stage is {self.stage}): set stage 3 or drop it")
         if self.offload_optimizer.device != "none" and self.stage == 0:
             problems.append("offload_optimizer needs ZeRO stage 1, 2 or 3: set stage 3")
+        if self.offload_optimizer.device == "nvme" and self.stage in (1, 2):
+            problems.append(f'offload_optimizer device "nvme" needs stage 3 (stage is {self.stage}): stages 1 and 2 '
+                            'offload to host RAM whatever the device and ignore nvme_path; set stage 3 or device "cpu"')
         if self.offload_optimizer.ratio < 1.0 and self.stage != 3:
             problems.append(f"offload_optimizer.ratio {self.offload_optimizer.ratio} (partial offload) needs ZeRO "
                             f"stage 3 (stage is {self.stage}): set stage 3 or ratio 1.0")
         for name in ("gradient_clipping",):
             value = getattr(self, name)
-            if value != "auto" and value < 0:
-                problems.append(f"{name} must be >= 0 or 'auto' (got {value})")
+            if value != "auto" and not (math.isfinite(value) and value >= 0):
+                problems.append(f"{name} must be a finite number >= 0 or 'auto' (got {value})")
         for name in ("reduce_bucket_size", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size"):
             value = getattr(self, name)
             if value != "auto" and value < 1:
