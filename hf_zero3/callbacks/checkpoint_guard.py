@@ -112,13 +112,16 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"there, so that save would fail.{shards} Nothing was written: put output_dir on a larger disk (or "
                 "free space), then run the same command")
         self._first_save_bytes = first
+        if state.is_world_process_zero:
+            say(f"hf_zero3: a checkpoint of this model takes about {_size(checkpoint.total)}, the final model "
+                f"{_size(final.total)} (estimated); {_size(free)} free under {args.output_dir}")
         worst = min(records, key=lambda r: r["free"] - r["most"])
         if state.is_world_process_zero and worst["free"] < worst["most"]:
-            say(f"hf_zero3: warning: the disk of {args.output_dir} has {worst['free'] / 1e9:.1f} GB free, but this "
-                f"run writes {new} more checkpoint(s) of about {checkpoint.total / 1e9:.1f} GB that are on disk at "
-                f"once (save_total_limit={self.save_total_limit}, while the next is written)"
-                + (f" and a final model of {final.total / 1e9:.1f} GB" if final_too else "")
-                + f", about {worst['most'] / 1e9:.1f} GB: a later save will stop the run with a disk-full error. "
+            say(f"hf_zero3: warning: the disk of {args.output_dir} has {_size(worst['free'])} free, but this run "
+                f"writes {new} more checkpoint(s) of about {_size(checkpoint.total)} that are on disk at once "
+                f"(save_total_limit={self.save_total_limit}, while the next is written)"
+                + (f" and a final model of {_size(final.total)}" if final_too else "")
+                + f", about {_size(worst['most'])}: a later save will stop the run with a disk-full error. "
                 "Lower save_total_limit, or put output_dir on a larger disk")
 
     @staticmethod
@@ -223,6 +226,10 @@ class CheckpointGuardCallback(TrainerCallback):
                           hashes={k: v for record in records for k, v in record["hashes"].items()})
         for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
             say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _new_best(args, state, metrics: dict) -> bool:

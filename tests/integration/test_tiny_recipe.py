@@ -29,6 +29,18 @@ def test_launcher_run_exits_zero_with_zero3_on_two_ranks(launcher_run):
     assert f"hf_zero3: last checkpoint: {out / 'checkpoint-100'}" in proc.stdout
 
 
+def test_the_start_up_estimate_of_a_checkpoint_is_within_5_percent_of_the_real_one(launcher_run):
+    """The disk check before the first save rests on this estimate (hf_zero3/checkpoint/space.py)."""
+    import re
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
+
+    proc, out = launcher_run
+    estimate = float(re.search(r"a checkpoint of this model takes about ([\d.]+) MB", proc.stdout).group(1)) * 1e6
+    written = ckpt.read_marker(out / "checkpoint-100")["bytes"]
+    assert abs(estimate - written) / written < 0.05, (estimate, written)
+
+
 def test_demo_loss_falls_by_more_than_30_percent(launcher_run):
     _, out = launcher_run
     curve = losses(out)

@@ -91,7 +91,7 @@ def test_the_first_save_is_checked_against_the_estimate_and_later_ones_against_t
     guard = _begin(tmp_path, model, save_strategy="steps", save_steps=10)
     assert guard._first_save_bytes == 12_012_000
     out = capsys.readouterr().out
-    assert "warning: the disk of" in out and "writes 3 more checkpoint(s) of about 0.0 GB" in out
+    assert "warning: the disk of" in out and "writes 3 more checkpoint(s) of about 12.0 MB" in out
     assert "save_total_limit=2" in out and "Lower save_total_limit" in out
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -105,7 +105,9 @@ def test_the_first_save_is_checked_against_the_estimate_and_later_ones_against_t
 
 def test_a_roomy_disk_passes_silently(tmp_path, capsys):
     guard = _begin(tmp_path, torch.nn.Linear(10, 10), save_strategy="steps", save_steps=10)
-    assert guard._first_save_bytes == 110 * 12 and "warning" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert guard._first_save_bytes == 110 * 12 and "warning" not in out
+    assert "a checkpoint of this model takes about 0.0 MB, the final model 0.0 MB (estimated)" in out
 
 
 def test_save_best_flags_its_save_when_the_metric_improves_and_drops_an_unused_flag(tmp_path):
