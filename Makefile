@@ -9,9 +9,11 @@ NUM_GPUS ?= 2
 PYTEST_ARGS ?=
 # Overrides for train-<size>/plan-<size>, e.g. ARGS="--max_steps 10 --output_dir outputs/try"
 ARGS ?=
-# What `make sync` leaves behind: outputs, environments, caches, and .deepspeed_env (may hold HF_TOKEN; only the
-# launching node reads it). .git travels: the doctor compares `git ls-files` content hashes across nodes.
-SYNC_EXCLUDES := outputs/ .venv/ venv/ __pycache__/ .pytest_cache/ *.egg-info/ .cache/ build/ dist/ .deepspeed_env
+# What `make sync` copies: the files git tracks or would track (`git ls-files --cached --others --exclude-standard`:
+# not outputs, environments or caches), less .deepspeed_env (may hold HF_TOKEN; only the launching node reads it),
+# and .git (the doctor compares `git ls-files` content hashes across nodes). It deletes nothing outside .git on the
+# hosts: a node's own files in the checkout (its checkpoint shards on a node-local disk, say) stay.
+SYNC_SKIP := .deepspeed_env
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-unit test-integration configs check-configs clean sync
@@ -62,12 +64,15 @@ plan-%: setup ## dry run of train-<size> (no GPU needed): command, arguments, ba
 sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsync over SSH, SSH_PORT/PDSH_SSH_ARGS_APPEND as the launcher); the doctor then compares code
 	@test -n "$(HOSTFILE)" || { echo "error: make sync needs HOSTFILE=path (DeepSpeed's hostfile, lines: host slots=N)" >&2; exit 2; }
 	@test -f "$(HOSTFILE)" || { echo "error: HOSTFILE=$(HOSTFILE) does not exist" >&2; exit 2; }
+	@git rev-parse --is-inside-work-tree >/dev/null 2>&1 || { echo "error: make sync copies the files git tracks: run it in a git checkout (or copy this folder to the same path on every host yourself)" >&2; exit 2; }
 	@hosts=$$(sed -e 's/#.*//' "$(HOSTFILE)" | awk 'NF {print $$1}'); \
 	test -n "$$hosts" || { echo "error: $(HOSTFILE) lists no hosts" >&2; exit 2; }; \
 	rsh=$$(echo ssh $${SSH_PORT:+-p $$SSH_PORT} $${PDSH_SSH_ARGS_APPEND:-}); \
 	for host in $$hosts; do \
 	  echo "sync $(CURDIR)/ -> $$host:$(CURDIR)/"; \
-	  rsync -az --delete $(foreach x,$(SYNC_EXCLUDES),--exclude='$(x)') -e "$$rsh" ./ "$$host:$(CURDIR)/" || exit 1; \
+	  git ls-files -z --cached --others --exclude-standard | grep -zvxF '$(SYNC_SKIP)' | \
+	    rsync -az --from0 --files-from=- --ignore-missing-args -e "$$rsh" ./ "$$host:$(CURDIR)/" || exit 1; \
+	  rsync -az --delete -e "$$rsh" .git/ "$$host:$(CURDIR)/.git/" || exit 1; \
 	done
 	source $(BIN)/activate && hf-zero3 doctor --hostfile "$(HOSTFILE)" --skip versions --skip native --skip gpus \
 	  --skip ops --skip nvme --skip allreduce $${SSH_PORT:+--ssh-port $$SSH_PORT}

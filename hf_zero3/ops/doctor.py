@@ -496,7 +496,8 @@ def check_host(host: str, local: dict, port: int | None = None) -> list[Result]:
         results.append(Result("OK", f"code:{host}", f"same tracked files (sha256 {here})"))
     else:
         results.append(Result("FAIL", f"code:{host}", f"tracked files differ ({there} there, {here} here)",
-                              f"sync it: `{rsync} --delete {root}/ {host}:{root}/`, or share it on NFS"))
+                              f"sync it: `make sync HOSTFILE=<hostfile>{f' SSH_PORT={port}' if port else ''}` in "
+                              f"{root} (copies what git tracks and deletes nothing else there), or share it on NFS"))
     diff = {k: (v, remote["versions"].get(k)) for k, v in local["versions"].items()
             if remote["versions"].get(k) != v}
     if diff:

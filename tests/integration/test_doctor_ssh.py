@@ -177,4 +177,4 @@ def test_remote_without_git_checkout_is_a_code_difference(sshd, hostfile, monkey
     assert results[f"versions:{HOST}"].status == "OK"
     code = results[f"code:{HOST}"]
     assert code.status == "FAIL" and "tracked files differ" in code.detail, code.line()
-    assert f"rsync -a -e 'ssh -p {sshd.port}' --delete {ROOT}/ {HOST}:{ROOT}/" in code.fix
+    assert f"make sync HOSTFILE=<hostfile> SSH_PORT={sshd.port}` in {ROOT}" in code.fix

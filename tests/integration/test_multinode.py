@@ -107,21 +107,26 @@ def test_slurm_script_starts_one_no_ssh_launch_per_node(tmp_path):
 
 
 def test_make_sync_copies_the_checkout_to_every_host_then_the_doctor_compares_the_code(tmp_path):
-    """rsync per host to the same path, without outputs/.venv/caches; then the doctor's SSH fingerprint of each
-    host (ssh here runs the command on this machine, which holds the same checkout)."""
+    """rsync per host to the same path: the files git tracks or would track (no outputs/.venv/caches, no
+    .deepspeed_env), deleting nothing there, then .git; then the doctor's SSH fingerprint of each host (ssh here
+    runs the command on this machine, which holds the same checkout)."""
     bin_dir, hosts = tmp_path / "bin", tmp_path / "hosts"
     hosts.write_text("# the cluster\nnode1 slots=4\n\nnode2 slots=4  # second\n")
-    stand_in(bin_dir, "rsync", "exit 0")
+    stand_in(bin_dir, "rsync", f'if printf "%s\\n" "$@" | grep -qx -- --files-from=-; then tr "\\0" "\\n" > '
+                               f'"{bin_dir}/files.$(printf "%s\\n" "$@" | tail -1 | cut -d: -f1)"; fi; exit 0')
     stand_in(bin_dir, "ssh", 'while [[ "$1" == -o ]]; do shift 2; done; shift; exec bash -c "$*"')
     stand_in(bin_dir, "pdsh", "exit 0")  # the doctor checks the launcher's backend is installed
     proc = make("sync", f"HOSTFILE={hosts}", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert proc.returncode == 0, explain(proc)
     calls = [c.strip("\n").split("\n") for c in (bin_dir / "rsync.log").read_text().split("---") if c.strip()]
-    assert [c[-1] for c in calls] == [f"node1:{ROOT}/", f"node2:{ROOT}/"]
-    for call in calls:
-        assert call[:2] == ["-az", "--delete"] and call[-3:-1] == ["ssh", "./"]
-        assert {"--exclude=outputs/", "--exclude=.venv/", "--exclude=__pycache__/", "--exclude=.deepspeed_env"} <= set(
-            call)
-        assert "--exclude=.git/" not in call  # the doctor hashes `git ls-files` on each host
+    assert [c[-1] for c in calls] == [f"{host}:{ROOT}/{where}" for host in ("node1", "node2") for where in ("", ".git/")]
+    for files, git in zip(calls[::2], calls[1::2]):
+        assert "--files-from=-" in files and "--delete" not in files  # a host's own files in the checkout stay
+        assert git[:2] == ["-az", "--delete"] and git[-2] == ".git/"  # the doctor hashes `git ls-files` on each host
+    for host in ("node1", "node2"):
+        sent = set((bin_dir / f"files.{host}").read_text().split())
+        assert {"Makefile", "hf_zero3/run/train.py", "recipes/tiny/train_args.yaml"} <= sent
+        assert not any(p.startswith((".venv/", "outputs/", ".git/")) or "__pycache__" in p for p in sent)
+        assert ".deepspeed_env" not in sent
     for host in ("node1", "node2"):
         assert f"OK    code:{host}" in proc.stdout and f"OK    versions:{host}" in proc.stdout, proc.stdout

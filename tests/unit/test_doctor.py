@@ -186,7 +186,8 @@ def test_different_code_and_versions_fail_with_sync_and_pins(monkeypatch):
     assert results["ssh:node1"].status == "OK"
     assert results["code:node1"].detail == f"tracked files differ ({'b' * 12} there, {'a' * 12} here)"
     assert results["code:node1"].fix.startswith(
-        "sync it: `rsync -a -e 'ssh -p 2222' --delete /src/ node1:/src/`")
+        "sync it: `make sync HOSTFILE=<hostfile> SSH_PORT=2222` in /src (copies what git tracks and deletes "
+        "nothing else there)")
     assert results["versions:node1"].detail == "differ: torch 2.12.0 there, 2.13.0 here"
     assert results["versions:node1"].fix == 'on node1: pip install "torch==2.13.0"'
     _fake_ssh(monkeypatch, remote=LOCAL)
