@@ -23,6 +23,7 @@ from hf_zero3.checkpoint.lifecycle import (
     is_complete,
     newest_complete,
     read_finished,
+    universal_tag,
     verify_checkpoint,
     verify_weights,
 )
@@ -241,7 +242,9 @@ def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
                               "DeepSpeed's universal conversion does not read: resume it on the world size that "
                               "saved it, or export its weights (hf-zero3 export) and fine-tune from those")
     out = checkpoint / f"{tag_dir.name}_universal"
-    if (checkpoint / "latest_universal").is_file() and out.is_dir():
+    if out.is_dir():  # it gets its name only once the conversion is whole
+        if universal_tag(checkpoint) != out:  # killed after the rename: latest_universal still names the .partial
+            _write_latest_universal(checkpoint, out)
         return out
     tmp = checkpoint / f".{out.name}.partial"
     claim_staging(tmp)
@@ -259,6 +262,11 @@ def reshard_checkpoint(checkpoint: str | os.PathLike, workers: int = 2) -> Path:
             raise CheckpointError(f"reshard of {checkpoint} failed, nothing written: {type(e).__name__}: {e}: check "
                                   f"that its files are readable and that it has free space") from e
         raise
+    _write_latest_universal(checkpoint, out)
+    return out
+
+
+def _write_latest_universal(checkpoint: Path, out: Path) -> None:
+    """DeepSpeed's own `ds_to_universal` pointed it at the staging folder: point it at the finished copy."""
     (checkpoint / ".latest_universal.tmp").write_text(out.name)
     os.replace(checkpoint / ".latest_universal.tmp", checkpoint / "latest_universal")
-    return out

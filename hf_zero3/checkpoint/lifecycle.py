@@ -131,6 +131,16 @@ def deepspeed_tag_dir(checkpoint: Path) -> tuple[Path | None, list[str]]:
     return checkpoint / tag, []
 
 
+def universal_tag(checkpoint: str | os.PathLike) -> Path | None:
+    """The universal copy that `latest_universal` names (`hf-zero3 reshard`), if that folder is there."""
+    try:
+        tag = (Path(checkpoint) / "latest_universal").read_text().strip()
+    except OSError:
+        return None
+    folder = Path(checkpoint) / tag
+    return folder if tag and not tag.startswith(".") and folder.is_dir() else None
+
+
 def verify_rank_files(checkpoint: str | os.PathLike, rank: int, world_size: int,
                       deepspeed: bool = True) -> list[str]:
     """Problems with one rank's own files: its DeepSpeed model/optimizer shards and its RNG state.
@@ -600,7 +610,7 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: i
     skipped += [f for f in found if f.kind in ("damaged", "foreign") and f.path not in skipped_paths]
     if target is not None:
         written_by = (read_marker(target) or {}).get("world_size")
-        if written_by not in (None, world_size) and not (target / "latest_universal").is_file():
+        if written_by not in (None, world_size) and universal_tag(target) is None:
             raise CheckpointError(f"{target} was written by {written_by} ranks and this run has {world_size}: run "
                                   f"`hf-zero3 reshard {target}` once, then resume with "
                                   '"checkpoint": {"load_universal": true} in the ds_config')

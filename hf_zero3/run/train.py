@@ -323,8 +323,6 @@ def _start_point(args) -> str | None:
             raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
                              f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
                              "output_dir (or choose another output_dir) to start over")
-        for found in plan.failed if is_world_process_zero() else []:  # so that keep-last-N never counts it again
-            ckpt.mark_failed(found.path, found.why)
         for found in plan.skipped if is_world_process_zero() else []:
             print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
                   f"you do not need it); resuming from {plan.target}", flush=True)
@@ -351,6 +349,8 @@ def _start_point(args) -> str | None:
                                  f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
                                  "command again")
         if target is not None:
+            for found in plan.failed if is_world_process_zero() else []:  # the run goes on: keep-last-N must
+                ckpt.mark_failed(found.path, found.why)                   # never count it again
             return str(target)
     if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
         if resume == "auto" and (record := ckpt.read_finished(output_dir)) is not None:

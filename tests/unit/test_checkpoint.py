@@ -227,7 +227,18 @@ def test_resume_on_another_world_size_names_reshard(tmp_path):
     folder = make_checkpoint(tmp_path, 10)
     with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
         ckpt.plan_resume(tmp_path, "auto", world_size=1)
-    (folder / "latest_universal").write_text("global_step10_universal")
+    (folder / "latest_universal").write_text("global_step10_universal")  # names a copy that is not there
+    with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
+        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+    (folder / ".global_step10_universal.partial").mkdir()  # DeepSpeed's own pointer, before our rename
+    (folder / "latest_universal").write_text(".global_step10_universal.partial")
+    with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
+        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+    (folder / ".global_step10_universal.partial").rename(folder / "global_step10_universal")
+    from hf_zero3.checkpoint.export import reshard_checkpoint
+
+    assert reshard_checkpoint(folder) == folder / "global_step10_universal"  # a kill after the rename: mended
+    assert (folder / "latest_universal").read_text() == "global_step10_universal"
     assert ckpt.plan_resume(tmp_path, "auto", world_size=1) == ckpt.ResumePlan(folder, [], [])
 
 
