@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from hf_zero3.plan.memory import gb
+from hf_zero3.checkpoint.space import save_size
+from hf_zero3.plan.memory import element_bytes, gb
 
 
 def rows(choice) -> list:
@@ -84,6 +85,7 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
     else:
         out(f"result    {choice.advice}")
         out(f"closest   {shown.label} (micro batch {shown.training.micro_batch}): " + "; ".join(shown.problems()))
+    out(f"saves     {saves_line(shown, hardware)}")
     if liger_why:
         out(f"liger     {liger_why}")
     for note in shown.notes:
@@ -111,6 +113,23 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
             extra = (f"  the larger of the [start-up] terms ({gb(shown.host_phase_total('startup'))}) and the rest "
                      f"({gb(shown.host_phase_total('always'))})")
         out(f"  {'total':52} {shown.total(where) / 1e9:9.2f}{extra}")
+
+
+def saves_line(plan, hardware) -> str:
+    """What each checkpoint and the final model write, against the disk the profile names: a checkpoint larger
+    than that disk means output_dir must go on another volume (`hf-zero3 train` refuses to start otherwise)."""
+    spec = plan.spec
+    gathered = spec.stage != 3 or spec.gather_16bit_weights_on_save
+    checkpoint, final = save_size(plan.shape.params, element_bytes(spec.precision),
+                                  {"zero_optimization": {"stage": spec.stage}}, "AdamW", gathered)
+    line = (f"a checkpoint {gb(checkpoint.total)} (fp32 weights + Adam moments"
+            + (", 16-bit weights" if gathered else "") + f"), the final model {gb(final.total)}"
+            + ("" if gathered else " (ZeRO shards: hf-zero3 export writes the HF folder)"))
+    disk = hardware.nvme_free
+    if disk and hardware.nodes == 1 and checkpoint.total > disk - plan.nvme_bytes:
+        line += (f"; more than the {gb(max(disk - plan.nvme_bytes, 0))} left on the disk at {hardware.nvme_path}: put "
+                 "output_dir on a larger volume")
+    return line
 
 
 def shell_value(value) -> str:

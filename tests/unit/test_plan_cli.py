@@ -131,3 +131,18 @@ def test_liger_lets_micro_batch_3_fit_without_checkpointing(capsys):
     assert main([*argv, "--liger"]) == 0
     liger = json.loads(capsys.readouterr().out)["choice"]
     assert plain["option"].endswith("+ checkpointing") and liger["option"] == "ZeRO-3"
+
+
+def test_the_plan_says_what_each_save_writes_and_when_the_disk_cannot_hold_it(capsys):
+    """Recipe 10b-h200x1 saves ZeRO shards: 12 B x 10.73B = 128.8 GB, more than the single-H200 box's disk (its
+    final save filled that disk, benchmarks/pinned-offload_10b-h200x1_1xH200_2026-12-01.md)."""
+    assert main(["plan", "--model", "10b-h200x1", "--hardware", "h200x1", "--global-batch", "8", "--from-scratch",
+                 "--headroom", "0.1"]) == 0
+    saves = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saves"))
+    assert saves == ("saves     a checkpoint 128.8 GB (fp32 weights + Adam moments), the final model 128.8 GB (ZeRO "
+                     "shards: hf-zero3 export writes the HF folder); more than the 68.7 GB left on the disk at "
+                     "/local_nvme: put output_dir on a larger volume")
+    assert main(["plan", "--model", "7b", "--hardware", "p4d.24xlarge"]) == 0  # ZeRO-2: rank 0 saves the module too
+    saves = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saves"))
+    assert saves.startswith("saves     a checkpoint 107.8 GB (fp32 weights + Adam moments, 16-bit weights), the final "
+                            "model 13.5 GB") and "larger volume" not in saves
