@@ -60,6 +60,21 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def resume_step(checkpoint: str | os.PathLike) -> int | None:
+    """The step a checkpoint folder holds: N of its name, or of the folder a link (`best`) points to, else its
+    trainer state's global_step (a copy renamed by hand); None when none says."""
+    path = Path(checkpoint)
+    step = checkpoint_step(path)
+    if step is None:
+        step = checkpoint_step(path.resolve())
+    if step is None:
+        try:
+            step = int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return step
+
+
 def checkpoint_dir(output_dir: str | os.PathLike, step: int) -> Path:
     """Where the Trainer saves step `step`: `output_dir/checkpoint-N`."""
     return Path(output_dir) / f"checkpoint-{step}"
@@ -593,12 +608,12 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: i
         target, skipped, failed = Path(resume), [], []
         problems = verify(target) if read_marker(target) is not None else verify_checkpoint(target)
         if problems:
-            good = newest_verified(found, verify, before=checkpoint_step(target))
+            good = newest_verified(found, verify, before=resume_step(target))
             raise CheckpointError(
                 f"{target} cannot be resumed: {'; '.join(problems[:5])}. Resume from the newest checkpoint that "
                 + (f"verifies: --resume_from_checkpoint {good}" if good else "verifies (none in output_dir does)")
                 + ", or pass --resume_from_checkpoint auto; move the folder aside to keep it out of the way")
-    start = checkpoint_step(target) if target is not None and checkpoint_step(target) is not None else -1
+    start = resume_step(target) if target is not None and resume_step(target) is not None else -1
     same = target.resolve() if target is not None else None
     newer = [f for f in found if f.step > start and f.path.resolve() != same]
     if resume != "auto" and (complete := [f.path.name for f in newer if f.kind == "complete"]):

@@ -268,7 +268,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
     Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
     output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
     the checkpoint with them."""
-    from hf_zero3.checkpoint.lifecycle import checkpoint_step, rotate, write_finished
+    from hf_zero3.checkpoint.lifecycle import resume_step, rotate, write_finished
 
     if is_world_process_zero():
         for path in sorted(checkpoint.iterdir()):
@@ -283,7 +283,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
                   "<folder>` writes the final model", flush=True)
         for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet
             print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)
-        write_finished(output_dir, {"global_step": checkpoint_step(checkpoint), "max_steps": args.max_steps,
+        write_finished(output_dir, {"global_step": resume_step(checkpoint), "max_steps": args.max_steps,
                                     "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
     _barrier()
 
@@ -327,11 +327,11 @@ def _start_point(args) -> str | None:
             print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
                   f"you do not need it); resuming from {plan.target}", flush=True)
         target = plan.target
-        if target is not None and args.max_steps > 0 and ckpt.checkpoint_step(target) is not None \
-                and ckpt.checkpoint_step(target) >= args.max_steps:
+        if target is not None and args.max_steps > 0 and ckpt.resume_step(target) is not None \
+                and ckpt.resume_step(target) >= args.max_steps:
             _finish_from(target, output_dir, args)
             if is_world_process_zero():
-                print(f"hf_zero3: {target} is at step {ckpt.checkpoint_step(target)} >= max_steps {args.max_steps}: "
+                print(f"hf_zero3: {target} is at step {ckpt.resume_step(target)} >= max_steps {args.max_steps}: "
                       f"the run is finished; its final model is in {output_dir}", flush=True)
             return FINISHED
         _barrier()  # every rank has decided before rank 0 deletes anything
@@ -339,7 +339,7 @@ def _start_point(args) -> str | None:
             print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
             ckpt.remove_checkpoint(folder)
         _barrier()  # deletions done before any rank looks at the folder again
-        start = ckpt.checkpoint_step(target) if target is not None else 0
+        start = ckpt.resume_step(target) if target is not None else 0
         if args.max_steps > 0 and args.save_strategy in ("steps", "best"):
             every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
             if collisions := ckpt.save_collisions(output_dir, start or 0, args.max_steps, every):

@@ -377,3 +377,19 @@ def test_a_checkpoint_that_failed_its_checksums_never_takes_a_place_in_keep_last
 def test_an_explicit_resume_does_not_record_a_failure(tmp_path):
     make_checkpoint(tmp_path, 10)
     assert ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2).failed == []
+
+
+def test_an_explicit_resume_through_a_link_or_a_renamed_copy_knows_its_step(tmp_path):
+    """`--resume_from_checkpoint out/best` (a link to checkpoint-20): step 20, so checkpoint-10 is older, not newer."""
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 10)
+    newest = make_checkpoint(tmp_path, 20)
+    (tmp_path / "best").symlink_to(newest)
+    assert ckpt.resume_step(tmp_path / "best") == 20
+    assert ckpt.plan_resume(tmp_path, str(tmp_path / "best"), world_size=2).target == tmp_path / "best"
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-final"  # a copy renamed by hand: its trainer state says 10
+    import shutil
+    shutil.copytree(tmp_path / "checkpoint-10", elsewhere)
+    assert ckpt.resume_step(elsewhere) == 10
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 in .*complete and newer than the resume point"):
+        ckpt.plan_resume(tmp_path, str(elsewhere), world_size=2)
