@@ -36,6 +36,7 @@ class LocalHub:
         self.interrupt_uploads = interrupt_uploads
         self.repos, self.branches, self.commits, self.auth = {}, [], [], set()
         self.lfs: dict[str, bytes] = {}  # oid -> bytes that arrived through the LFS upload URL
+        self.files: dict[tuple[str, str], dict[str, bytes]] = {}  # (repo, revision) -> the files after each commit
         self.puts = 0
         hub = self
 
@@ -77,6 +78,10 @@ class LocalHub:
                     repo = "/".join(parts[2:4])
                     if repo not in hub.repos:
                         return self._missing(repo)
+                    if parts[4:5] == ["tree"]:  # list_repo_tree (upload_folder's delete_patterns): every file, flat
+                        files = hub.files.get((repo, parts[5]), {})
+                        return self.reply([{"type": "file", "path": name, "size": len(data),
+                                            "oid": hashlib.sha1(data).hexdigest()} for name, data in sorted(files.items())])
                     return self.reply({"id": repo, "sha": "0" * 40, "private": False, "siblings": []})
                 self.reply({"error": f"LocalHub does not serve GET {self.path}"}, 404)
 
@@ -150,7 +155,7 @@ class LocalHub:
 
             def _commit(self, repo, revision, body):
                 lines = [json.loads(line) for line in body.splitlines() if line.strip()]
-                files, lfs_files = {}, []
+                files, lfs_files, deleted = {}, [], []
                 for item in lines:
                     value = item["value"]
                     if item["key"] == "file":
@@ -161,8 +166,14 @@ class LocalHub:
                                                         "uploaded"}, 422)
                         files[value["path"]] = hub.lfs[value["oid"]]
                         lfs_files.append(value["path"])
+                    elif item["key"] == "deletedFile":
+                        deleted.append(value["path"])
+                state = hub.files.setdefault((repo, revision), {})
+                for name in deleted:
+                    state.pop(name, None)
+                state.update(files)
                 hub.commits.append({"repo": repo, "revision": revision, "files": files, "lfs": sorted(lfs_files),
-                                    "summary": lines[0]["value"]["summary"]})
+                                    "deleted": sorted(deleted), "summary": lines[0]["value"]["summary"]})
                 self.reply({"commitUrl": f"{hub.url}/{repo}/commit/{len(hub.commits):040d}",
                             "commitOid": f"{len(hub.commits):040d}", "success": True})
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from hf_zero3.checkpoint.lifecycle import checkpoint_step, read_marker
+from hf_zero3.checkpoint.lifecycle import checkpoint_step, newest_complete, read_finished, read_marker
 
 DEFAULT_LICENSE = "other"
 """When no license was set (`hub_license`, `export --license`): the Hub's value for "see the card"."""
@@ -99,7 +99,11 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     from hf_zero3.callbacks.perplexity import perplexity
 
     checkpoint = Path(checkpoint)
-    marker = read_marker(checkpoint) or {}
+    # A finished output_dir (its final save wrote ZeRO shards) has no marker of its own: the run's provenance is in
+    # its newest complete checkpoint's, its step in the finished record, its name is its own.
+    finished = read_finished(checkpoint) if read_marker(checkpoint) is None else None
+    source = (newest_complete(checkpoint) if finished else None) or checkpoint
+    marker = read_marker(source) or {}
     training = marker.get("training_args") or {}
     sources = marker.get("sources") or {}
     recipe = marker.get("recipe") or {}
@@ -107,7 +111,8 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     history = _history(checkpoint)
     base_model = hub_id(sources.get("base_model"))
     datasets = [d for d in map(hub_id, sources.get("datasets") or []) if d]
-    name = model_name or checkpoint.parent.name or "model"
+    name = model_name or (checkpoint.name if finished else checkpoint.parent.name) or "model"
+    step = finished.get("global_step") if finished else checkpoint_step(checkpoint)
     loss, loss_step = _last(history, "loss")
     eval_loss, eval_step = _last(history, "eval_loss")
     results = []
@@ -137,7 +142,7 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     lines += ["## Training procedure", ""]
     recipe_text = f"`{recipe['name']}` {recipe.get('version') or ''}".strip() if recipe.get("name") else "none (custom)"
     lines += [f"- Recipe: {recipe_text}",
-              f"- Checkpoint: step {checkpoint_step(checkpoint)}, saved {marker.get('written_at', 'at an unknown time')}",
+              f"- Checkpoint: step {step}, saved {(finished or marker).get('finished_at' if finished else 'written_at', 'at an unknown time')}",
               f"- Final training loss: {loss:.4f} (step {loss_step})" if loss is not None else
               "- Final training loss: not logged",
               f"- Weights: {dtype}, from the fp32 master weights (DeepSpeed zero_to_fp32)", ""]

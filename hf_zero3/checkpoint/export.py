@@ -142,11 +142,14 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     `license` goes into the card's metadata (default: the run's `hub_license`, else "other"); `progress` gets a
     line per shard written (an 8B export takes minutes).
     """
-    checkpoint, out = Path(checkpoint), Path(out)
+    checkpoint, out = Path(checkpoint), Path(os.path.realpath(out))  # ".", a link: the folder it names
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     max_shard_size = shard_bytes(max_shard_size)
     _require_complete(checkpoint)
+    if out == checkpoint.resolve() or checkpoint.resolve() in out.parents:
+        raise CheckpointError(f"{out} is inside {checkpoint}, which keep-last-N deletes with everything in it: "
+                              "export to a folder outside the checkpoint")
     tmp, created = _staging(out)
     try:
         _write_export(checkpoint, tmp, dtype, max_shard_size, license, progress)

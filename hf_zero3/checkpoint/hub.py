@@ -18,6 +18,8 @@ from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]
 """What a push uploads from the folder: model files and the card, never optimizer or RNG state."""
+STALE_WEIGHTS = ["*.safetensors", "model.safetensors.index.json"]
+"""Weight files already in the repo that a push removes unless it uploads them again (`upload_folder` only adds)."""
 
 
 def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
@@ -123,7 +125,10 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
+        # the weights of an earlier push go in the same commit: a single model.safetensors left beside a new
+        # sharded index would be what from_pretrained loads
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
+                                 delete_patterns=STALE_WEIGHTS,
                                  commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
     except Exception as e:
         raise _push_error(e, repo_id) from e

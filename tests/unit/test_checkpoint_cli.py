@@ -3,6 +3,7 @@ nothing written. Push failures go through a real HTTP server on 127.0.0.1 (and a
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.lifecycle import is_complete, write_marker
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
@@ -233,3 +235,46 @@ def test_push_to_an_unreachable_hub_names_hf_endpoint_and_the_network(exported, 
     error = one_line_error(proc)
     assert error.startswith(f"error: cannot reach the Hub at {endpoint} (") and "Connection refused" in error, error
     assert error.endswith("check the network, and HF_ENDPOINT if you set it (unset, it is https://huggingface.co)")
+
+
+def test_a_sharded_push_over_a_single_file_one_removes_the_old_weights(exported, hub, tmp_path):
+    """upload_folder only adds: a model.safetensors left beside a new sharded index is what from_pretrained loads."""
+    from safetensors.torch import save_file
+
+    assert push(exported, hub, tmp_path).returncode == 0
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for i, name in enumerate(("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
+        save_file({f"w{i}": torch.full((2, 2), 2.0)}, str(sharded / name))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"w0": "model-00001-of-00002.safetensors",
+                                        "w1": "model-00002-of-00002.safetensors"}}))
+    (sharded / "config.json").write_text("{}")
+    proc = push(sharded, hub, tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert hub.commits[-1]["deleted"] == ["model.safetensors"]
+    assert sorted(hub.files[("org/name", "main")]) == ["config.json", "model-00001-of-00002.safetensors",
+                                                       "model-00002-of-00002.safetensors",
+                                                       "model.safetensors.index.json"]
+
+
+@pytest.mark.parametrize("where", ["inside", "dot", "link"])
+def test_export_takes_the_folder_a_path_names_and_never_one_inside_the_checkpoint(tmp_path, monkeypatch, where):
+    from hf_zero3.checkpoint.export import export_checkpoint
+    from tests.conftest import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "run", 2)
+    if where == "inside":  # keep-last-N would delete it with the checkpoint
+        with pytest.raises(ckpt.CheckpointError, match="is inside .*checkpoint-2, which keep-last-N deletes"):
+            export_checkpoint(folder, folder / "hf")
+        assert not (folder / "hf").exists()
+        return
+    target = tmp_path / "elsewhere" / "hf"
+    target.mkdir(parents=True)
+    if where == "dot":
+        monkeypatch.chdir(target)
+        out = export_checkpoint(folder, ".")
+    else:
+        (tmp_path / "link").symlink_to(target)
+        out = export_checkpoint(folder, tmp_path / "link")
+    assert out == target and (target / "model.safetensors").is_file() and ckpt.verify_weights(target, folder) == []

@@ -92,3 +92,20 @@ def test_card_without_an_evaluation_has_no_model_index_and_still_loads(tmp_path,
     card = ModelCard.load(path)
     assert card.data.eval_results is None and "model-index" not in path.read_text()
     assert "trained from scratch" in card.text
+
+
+def test_the_card_of_a_finished_output_dir_comes_from_its_newest_checkpoint(tmp_path):
+    """`hf-zero3 export <output_dir> <folder>` (what train prints when the final save wrote ZeRO shards): the
+    output_dir has no marker, so the base model, license, ranks and hardware come from its newest complete
+    checkpoint, the step from the finished record, the title from the output_dir's own name."""
+    out = tmp_path / "outputs" / "my-run"
+    folder = make_checkpoint(out, 8, marked=False)
+    ckpt.write_marker(folder, {"world_size": 8, "hardware": {"ranks": 8, "device": "NVIDIA H200"},
+                               "training_args": {"hub_license": "apache-2.0", "per_device_train_batch_size": 4},
+                               "sources": {"base_model": "meta-llama/Llama-3.1-8B", "datasets": []}})
+    (out / "trainer_state.json").write_text((folder / "trainer_state.json").read_text())
+    ckpt.write_finished(out, {"global_step": 10, "zero_shards": "global_step10"})
+    text = str(model_card(out, dtype="bf16"))
+    assert "# my-run" in text and "base_model: meta-llama/Llama-3.1-8B" in text and "license: apache-2.0" in text
+    assert "- Checkpoint: step 10, saved 20" in text and "- Hardware: 8 × NVIDIA H200" in text
+    assert "trained from scratch" not in text
