@@ -66,6 +66,11 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
     if "WORLD_SIZE" not in os.environ:
         if any(name in os.environ for name in MPI_VARIABLES):
+            import importlib.util
+
+            if importlib.util.find_spec("mpi4py") is None:
+                raise LaunchError("this rank was started by MPI, which sets no RANK/WORLD_SIZE; DeepSpeed reads them "
+                                  "through mpi4py, which is not installed: pip install mpi4py on every node")
             import deepspeed
 
             # MPI launchers set no RANK/WORLD_SIZE: DeepSpeed reads them from MPI and exports them.

@@ -15,6 +15,7 @@ arguments, the batch math and the memory plan instead (`make plan-<size>`).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import shutil
@@ -33,8 +34,10 @@ DEFAULT_HOSTFILE = "outputs/hostfile"
 MULTI_NODE_PORT = 29500
 """MASTER_PORT default for several nodes: every node must agree, and a free-port probe here says nothing
 about node 0. One node takes a free port (`free_port`), so parallel runs never collide."""
-LAUNCHER_TOOLS = {"pdsh": "pdsh", "openmpi": "ompi_info", "slurm": "sinfo"}
-"""DeepSpeed's multi-node backends we support, and the program DeepSpeed looks for to use each."""
+LAUNCHER_TOOLS = {"pdsh": "pdsh", "openmpi": "ompi_info"}
+"""DeepSpeed's multi-node backends we support, and the program DeepSpeed looks for to use each. Not its slurm
+backend: it starts one srun task per rank with no RANK/WORLD_SIZE, which the ranks refuse; under SLURM,
+scripts/slurm/train.sbatch starts one DeepSpeed launcher per node (NO_SSH=1)."""
 FORWARDED_PREFIXES = ("HF_", "TRANSFORMERS_", "NCCL_", "TORCH_", "PYTORCH_")
 FORWARDED_NAMES = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_DEVICE_MAX_CONNECTIONS", "TOKENIZERS_PARALLELISM")
 """What `.deepspeed_env` carries to every node (HF_ covers HF_HUB_* and HF_ZERO3_*)."""
@@ -47,7 +50,7 @@ ENV_HELP = """environment:
   HOSTS          host1,host2,...: write HOSTFILE (default outputs/hostfile) with NUM_GPUS slots per host
   INCLUDE        DeepSpeed's --include (host[:slot,...][@host...]); replaces NUM_NODES/NUM_GPUS
   EXCLUDE        DeepSpeed's --exclude, same syntax
-  LAUNCHER       multi-node backend: pdsh (default), openmpi, slurm
+  LAUNCHER       multi-node backend: pdsh (default), openmpi (needs mpi4py); SLURM: scripts/slurm/train.sbatch
   SSH_PORT       SSH port of the other nodes (DeepSpeed's --ssh_port; default: ssh's own)
   NO_SSH=1       start this node's ranks only (DeepSpeed --no_ssh); run once per node with NODE_RANK
   NODE_RANK      this node's index in the hostfile (with NO_SSH=1)
@@ -160,6 +163,10 @@ def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str 
 
     hostfile = env.get("HOSTFILE", "").strip() or None
     if env.get("HOSTS", "").strip():
+        if "[" in env["HOSTS"] or "]" in env["HOSTS"]:
+            problems.append(f"HOSTS={env['HOSTS']} is a SLURM node list, which HOSTS does not expand: pass the "
+                            "names, e.g. HOSTS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | paste -sd,)")
+            return hostfile or DEFAULT_HOSTFILE, None, False
         names = [h.strip() for h in env["HOSTS"].split(",") if h.strip()]
         if len(set(names)) < len(names):
             problems.append(f"HOSTS={env['HOSTS']} names a host twice: list each host once")
@@ -210,7 +217,11 @@ def _resources(env: Mapping[str, str], nodes: int, gpus: int, hostfile: str | No
     if nodes > 1 and hostfile is None:
         problems.append(f"NUM_NODES={nodes} needs the hosts: set HOSTFILE=path (lines `host slots=N`) or "
                         "HOSTS=host1,host2 (a hostfile with NUM_GPUS slots per host is written)")
-    if launcher and launcher not in LAUNCHER_TOOLS:
+    if launcher == "slurm":
+        problems.append("LAUNCHER=slurm starts one srun task per rank without RANK/WORLD_SIZE, which the ranks "
+                        "refuse: under SLURM submit scripts/slurm/train.sbatch (one DeepSpeed launcher per node, "
+                        "NO_SSH=1), or use LAUNCHER=pdsh")
+    elif launcher and launcher not in LAUNCHER_TOOLS:
         problems.append(f"LAUNCHER={launcher} is not supported: use {', '.join(LAUNCHER_TOOLS)}, "
                         "or NO_SSH=1 on every node")
     if launcher == "openmpi":  # DeepSpeed's OpenMPI runner starts every slot of the hostfile, nothing less
@@ -291,6 +302,9 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     if remote and pool and tool and not dry_run and not shutil.which(tool, path=env.get("PATH")):
         problems.append(f"LAUNCHER={launcher or 'pdsh'} needs `{tool}` on this node: install it, or start every node "
                         "yourself with NO_SSH=1 NODE_RANK=i MASTER_ADDR=node0 (scripts/slurm/train.sbatch)")
+    if launcher == "openmpi" and not dry_run and importlib.util.find_spec("mpi4py") is None:
+        problems.append("LAUNCHER=openmpi: DeepSpeed reads each rank's place from MPI through mpi4py, which is not "
+                        "installed here: pip install mpi4py on every node (or use LAUNCHER=pdsh)")
     model_args = _model_args(env, recipe, from_config, problems)
     if problems:
         raise LaunchError("\n".join(problems))
@@ -338,19 +352,23 @@ def forwarded_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
 def write_deepspeed_env(path: Path, variables: dict[str, str]) -> None:
     """`KEY=VALUE` lines, as DeepSpeed's runner reads them (no comments: it splits every line on `=`).
 
-    The forwarded prefixes mirror this environment; other lines a user put there are kept. Mode 0600:
-    HF_TOKEN may be among the values.
+    This environment's forwarded variables are written over the file's; a line we wrote last time (listed in
+    `<path>.hf_zero3`) whose variable is no longer set here goes, every other line stays: putting NCCL_* in
+    .deepspeed_env by hand is DeepSpeed's documented way. Mode 0600: HF_TOKEN may be among the values.
     """
+    ours_file = path.with_name(path.name + ".hf_zero3")
+    ours = set(ours_file.read_text().split()) if ours_file.is_file() else set()
     kept = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             key, sep, value = line.partition("=")
-            if sep and key.strip() and not _forwarded_name(key.strip()):
+            if sep and key.strip() and key.strip() not in ours:
                 kept[key.strip()] = value
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in {**kept, **variables}.items()))
+    ours_file.write_text("".join(f"{k}\n" for k in variables if k not in kept or kept[k] != variables[k]))
 
 
 # --- DRY_RUN -------------------------------------------------------------------------------------------

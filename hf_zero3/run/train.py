@@ -352,7 +352,8 @@ def _start_point(args) -> str | None:
             for found in plan.failed if is_world_process_zero() else []:  # the run goes on: keep-last-N must
                 ckpt.mark_failed(found.path, found.why)                   # never count it again
             return str(target)
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
+    if output_dir.is_dir() and any(p.name != ckpt.RUN_ID for p in output_dir.iterdir()) \
+            and not args.overwrite_output_dir:  # only a claim: a run that stopped before training (bad input)
         if resume == "auto" and (record := ckpt.read_finished(output_dir)) is not None:
             raise UsageError(f"{output_dir} holds a finished run (step {record.get('global_step')}, its final model) "
                              "and no complete checkpoint to continue from, so training further would start from "
@@ -402,7 +403,11 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
         raise UsageError(f"could not load {source}: {e}. Use a local folder, or a hub id with network access "
                          "(or a filled HF cache)") from e
     if model_args.config_overrides:
-        config.update_from_string(model_args.config_overrides)
+        try:
+            config.update_from_string(model_args.config_overrides)
+        except ValueError as e:  # a key the config does not have, a value of the wrong type
+            raise UsageError(f"config_overrides {model_args.config_overrides!r}: {e}. Use key=value pairs, comma "
+                             f"separated, with keys of {source}'s config.json") from e
     if len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}: use the model's own tokenizer (tokenizer_name) or raise vocab_size "
@@ -418,8 +423,13 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
             model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
         except OSError as e:  # weights missing or unreadable
             raise UsageError(f"could not load the weights of {model_args.model_name_or_path}: {e}") from e
+        except (ValueError, ImportError) as e:  # an attn_implementation that is unknown or not installed
+            raise UsageError(f"could not build the model of {source}: {e}") from e
     else:
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        except (ValueError, ImportError) as e:
+            raise UsageError(f"could not build the model of {source}: {e}") from e
     return model, tokenizer
 
 

@@ -129,9 +129,15 @@ def test_include_exclude_replace_the_counts(hosts, pdsh_path):
     assert "INCLUDE: Hostname 'node9' not found" in problems({"HOSTFILE": str(hosts), "INCLUDE": "node9"})
 
 
-def test_openmpi_runs_the_whole_hostfile_without_counts(hosts, tmp_path):
+def test_openmpi_runs_the_whole_hostfile_without_counts(hosts, tmp_path, monkeypatch):
     (tmp_path / "ompi_info").write_text("#!/bin/sh\n")
     (tmp_path / "ompi_info").chmod(0o755)
+    env = {"HOSTFILE": str(hosts), "NUM_GPUS": "4", "LAUNCHER": "openmpi", "PATH": str(tmp_path)}
+    assert "LAUNCHER=openmpi: DeepSpeed reads each rank's place from MPI through mpi4py, which is not installed " \
+           "here: pip install mpi4py on every node" in problems(env)
+    (tmp_path / "site" / "mpi4py").mkdir(parents=True)  # a stand-in: what matters here is that it is importable
+    (tmp_path / "site" / "mpi4py" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     launch = resolve(R70, [], {"HOSTFILE": str(hosts), "NUM_GPUS": "4", "LAUNCHER": "openmpi",
                                "PATH": str(tmp_path)}, TARGET_70B)
     assert "--launcher=openmpi" in launch.command and "--num_gpus=4" not in launch.command  # DeepSpeed refuses them
@@ -147,7 +153,7 @@ def test_wrong_combinations_are_all_reported_with_their_fix(hosts):
     assert f"NUM_GPUS=8 but {hosts} gives node1 4 slot(s), node2 4 slot(s): set NUM_GPUS=4 or fix the slots" in lines
     assert "NO_SSH=1 needs NODE_RANK: this node's index (0..2) in the hostfile" in lines
     assert any(line.startswith("NO_SSH=1 needs MASTER_ADDR") for line in lines)
-    assert any(line.startswith("LAUNCHER=mpich is not supported: use pdsh, openmpi, slurm") for line in lines)
+    assert any(line.startswith("LAUNCHER=mpich is not supported: use pdsh, openmpi,") for line in lines)
     assert len(lines) == 6  # + LAUNCHER unused with NO_SSH
 
 
@@ -191,7 +197,7 @@ def test_main_prints_every_problem_and_launches_nothing(capsys, tmp_path):
     assert err.count("error: ") == 2 and "NUM_GPUS=0" in err and "NUM_NODES=2 needs the hosts" in err
 
 
-def test_deepspeed_env_mirrors_the_forwarded_variables_and_keeps_the_users_lines(tmp_path):
+def test_deepspeed_env_carries_the_forwarded_variables_and_keeps_the_users_lines(tmp_path):
     env = {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "info", "NCCL_DEBUG": "INFO",
            "NCCL_SOCKET_IFNAME": "^lo,docker0", "TORCH_EXTENSIONS_DIR": "/x y", "OMP_NUM_THREADS": "8",
            "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0", "HF_BROKEN": "a\nb", "HF_QUOTE": 'say "hi"'}
@@ -200,11 +206,15 @@ def test_deepspeed_env_mirrors_the_forwarded_variables_and_keeps_the_users_lines
                                "TORCH_EXTENSIONS_DIR", "TRANSFORMERS_VERBOSITY"]
     assert skipped == ["HF_BROKEN", "HF_QUOTE"]
     path = tmp_path / ".deepspeed_env"
-    path.write_text("MY_SETTING=kept=1\nHF_STALE=gone\n")
+    path.write_text("MY_SETTING=kept=1\nNCCL_IB_HCA=mlx5_0\nNCCL_DEBUG=WARN\n")  # the user's own lines
     write_deepspeed_env(path, variables)
     pairs = [line.split("=", 1) for line in path.read_text().splitlines()]  # how DeepSpeed's runner reads it
-    assert dict(pairs) == {"MY_SETTING": "kept=1", **variables}
+    assert dict(pairs) == {"MY_SETTING": "kept=1", "NCCL_IB_HCA": "mlx5_0", **variables}  # this env wins
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # HF_TOKEN is in there
+    del variables["HF_TOKEN"]  # unset since: the line we wrote goes, the user's lines stay
+    write_deepspeed_env(path, variables)
+    assert dict(line.split("=", 1) for line in path.read_text().splitlines()) == {
+        "MY_SETTING": "kept=1", "NCCL_IB_HCA": "mlx5_0", **variables}
 
 
 @pytest.mark.parametrize("text, expected", [("1x8x40GB", Target(1, 8, "40GB")), ("2x4", Target(2, 4, None)),
@@ -273,3 +283,11 @@ def test_a_dry_run_with_a_missing_ds_config_override_says_so_without_a_traceback
     rc = main(["--target", "1x2", str(ROOT / "recipes" / "8b"), "--deepspeed", str(missing)], {"DRY_RUN": "1"})
     err = capsys.readouterr().err
     assert rc == 2 and f"ds_config {missing} not found" in err and "Traceback" not in err
+
+
+def test_slurm_node_lists_and_the_slurm_launcher_are_refused_with_what_works(hosts):
+    text = problems({"HOSTS": "gpu-[01-03,07]", "NUM_GPUS": "4"})
+    assert 'HOSTS=gpu-[01-03,07] is a SLURM node list, which HOSTS does not expand: pass the names, e.g. ' \
+           'HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)' in text.splitlines()
+    assert "starts one srun task per rank" in problems({"HOSTFILE": str(hosts), "LAUNCHER": "slurm"}) and \
+        "scripts/slurm/train.sbatch" in problems({"HOSTFILE": str(hosts), "LAUNCHER": "slurm"})

@@ -398,3 +398,18 @@ def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps
     assert _start_point(args) == str(tmp_path / "checkpoint-10")
     assert "is corrupted" in json.loads((bad / ckpt.FAILED).read_text())["problems"]
     assert ckpt.complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-10"]
+
+
+def test_a_run_that_stopped_on_bad_input_does_not_lock_its_output_dir(capsys, tmp_path):
+    """The first run fails after it claimed output_dir (a bad config_overrides key); the fixed command starts."""
+    out = tmp_path / "o"
+    err = train_fails(capsys, "--output_dir", out, "--config_overrides", "num_hidden_layer=2")
+    assert "config_overrides 'num_hidden_layer=2': key num_hidden_layer isn't in the original config dict" in err
+    assert "Traceback" not in err
+    assert main([str(TINY_YAML), "--deepspeed", "null", "--max_steps", "1", "--output_dir", str(out),
+                 "--save_strategy", "no"]) == 0
+
+
+def test_an_unknown_attention_kernel_is_a_usage_error(capsys, tmp_path):
+    err = train_fails(capsys, "--output_dir", tmp_path / "o", "--attn_implementation", "eagr")
+    assert err.startswith("error: could not build the model of") and "eagr" in err
