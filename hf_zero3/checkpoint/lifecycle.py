@@ -652,11 +652,7 @@ def save_collisions(output_dir: str | os.PathLike, after_step: int, last_step: i
 
 
 def read_finished(output_dir: str | os.PathLike) -> dict | None:
-    try:
-        record = json.loads((Path(output_dir) / FINISHED).read_text())
-        return record if isinstance(record, dict) else None
-    except (OSError, ValueError):
-        return None
+    return _read_json(Path(output_dir) / FINISHED)
 
 
 def write_finished(output_dir: str | os.PathLike, record: dict) -> None:
