@@ -18,8 +18,9 @@ from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]
 """What a push uploads from the folder: model files and the card, never optimizer or RNG state."""
-STALE_WEIGHTS = ["*.safetensors", "model.safetensors.index.json"]
-"""Weight files already in the repo that a push removes unless it uploads them again (`upload_folder` only adds)."""
+STALE_WEIGHTS = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json"]
+"""The model weights (the names `hf-zero3 export` writes) already in the repo that a push removes unless it uploads
+them again (`upload_folder` only adds); other files there, an adapter's weights say, are the user's and stay."""
 
 
 def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:

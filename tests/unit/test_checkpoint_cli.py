@@ -242,6 +242,7 @@ def test_a_sharded_push_over_a_single_file_one_removes_the_old_weights(exported,
     from safetensors.torch import save_file
 
     assert push(exported, hub, tmp_path).returncode == 0
+    hub.files[("org/name", "main")]["adapter_model.safetensors"] = b"the user's"  # not ours to remove
     sharded = tmp_path / "sharded"
     sharded.mkdir()
     for i, name in enumerate(("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
@@ -253,7 +254,8 @@ def test_a_sharded_push_over_a_single_file_one_removes_the_old_weights(exported,
     proc = push(sharded, hub, tmp_path)
     assert proc.returncode == 0, explain(proc)
     assert hub.commits[-1]["deleted"] == ["model.safetensors"]
-    assert sorted(hub.files[("org/name", "main")]) == ["config.json", "model-00001-of-00002.safetensors",
+    assert sorted(hub.files[("org/name", "main")]) == ["adapter_model.safetensors", "config.json",
+                                                       "model-00001-of-00002.safetensors",
                                                        "model-00002-of-00002.safetensors",
                                                        "model.safetensors.index.json"]
 
