@@ -8,6 +8,7 @@ output is deterministic: re-running this script must reproduce the committed fil
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 HERE = Path(__file__).resolve().parent
 CORPUS_DIR = HERE / "corpus"
+CHAT_DIR = HERE / "chat"
 MODEL_DIR = HERE / "model"
 TRAIN_BYTES = 1_500_000
 VALIDATION_BYTES = 100_000
@@ -189,6 +191,88 @@ def build_tokenizer(train_path: Path) -> PreTrainedTokenizerFast:
     )
 
 
+CHAT_TEMPLATE = """{{- bos_token }}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {{- '<assistant>\\n' }}{% generation %}{{ message.content ~ eos_token }}{% endgeneration %}
+    {%- elif message.role in ['system', 'user', 'tool'] %}
+        {{- '<' ~ message.role ~ '>\\n' ~ message.content ~ '\\n' }}
+    {%- else %}
+        {{- raise_exception('roles are system, user, assistant and tool, not ' ~ message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<assistant>\\n' }}
+{%- endif %}"""
+"""Plain-text role markers (the tokenizer has no chat tokens); the assistant's text and its EOS inside
+{% generation %} so `return_assistant_tokens_mask` marks what is trained."""
+
+SYSTEM = "you answer short questions about animals, colors, days, jobs and numbers."
+
+
+def qa(r: random.Random) -> tuple[str, str]:
+    """One question about the corpus's fixed facts, and its answer."""
+    kind = r.choice(["legs", "sound", "home", "color", "sum", "day", "job", "story"])
+    a = r.choice(sorted(ANIMALS))
+    legs, sound, home = ANIMALS[a]
+    if kind == "legs":
+        return f"how many legs does {article(a)} have?", f"{article(a)} has {num(legs)} legs."
+    if kind == "sound":
+        return f"what does the {a} say?", f"the {a} says {sound}."
+    if kind == "home":
+        return f"where does the {a} live?", f"the {a} lives in the {home}."
+    if kind == "color":
+        thing = r.choice(sorted(THINGS))
+        return f"what color is the {thing}?", f"the {thing} is {THINGS[thing]}."
+    if kind == "sum":
+        fact = arithmetic(r)
+        question = fact.split(" is ")[0]
+        return f"what is {question}?", fact
+    if kind == "day":
+        i = r.randrange(7)
+        return f"what comes after {WEEK[i]}?", f"after {WEEK[i]} comes {WEEK[(i + 1) % 7]}."
+    if kind == "job":
+        j = r.choice(sorted(JOBS))
+        return f"where does the {j} work?", f"the {j} works at the {JOBS[j]}."
+    x, y = r.sample(NAMES, 2)
+    thing = r.choice(["apple", "banana", "carrot", "grape", "book", "ball", "coin", "pencil"])
+    have = r.randint(2, 15)
+    give = r.randint(1, have)
+    return (f"{x} has {num(have)} {plural(thing, have)} and gives {num(give)} to {y}. how many does {x} have now?",
+            f"{x} has {num(have - give)} {plural(thing, have - give)} now.")
+
+
+def conversation(r: random.Random) -> list[dict]:
+    """A system turn sometimes, one to three questions, and now and then a calculator (tool) turn."""
+    messages = [{"role": "system", "content": SYSTEM}] if r.random() < 0.3 else []
+    for _ in range(r.randint(1, 3)):
+        if r.random() < 0.1:
+            fact = arithmetic(r)
+            question, answer = fact.split(" is ")
+            messages += [{"role": "user", "content": f"what is {question}?"},
+                         {"role": "assistant", "content": "i will ask the calculator."},
+                         {"role": "tool", "content": answer.rstrip(".")},
+                         {"role": "assistant", "content": fact}]
+        else:
+            question, answer = qa(r)
+            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages
+
+
+def write_chat(path: Path, seed: int, n: int) -> None:
+    r = random.Random(seed)
+    path.write_text("".join(json.dumps({"messages": conversation(r)}) + "\n" for _ in range(n)), encoding="ascii")
+
+
+def write_instructions(path: Path, seed: int, n: int) -> None:
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, answer = qa(r)
+        rows.append(json.dumps({"prompt": f"question: {question}\nanswer:", "completion": f" {answer}"}) + "\n")
+    path.write_text("".join(rows), encoding="ascii")
+
+
 def main() -> None:
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
     MODEL_DIR.mkdir(parents=True, exist_ok=True)
@@ -196,7 +280,14 @@ def main() -> None:
     write_corpus(train_path, seed=1234, n_bytes=TRAIN_BYTES)
     write_corpus(CORPUS_DIR / "validation.txt", seed=5678, n_bytes=VALIDATION_BYTES)
 
+    CHAT_DIR.mkdir(parents=True, exist_ok=True)
+    write_chat(CHAT_DIR / "train.jsonl", seed=4321, n=3000)
+    write_chat(CHAT_DIR / "validation.jsonl", seed=8765, n=150)
+    write_instructions(CHAT_DIR / "instructions.jsonl", seed=2468, n=2000)
+    write_instructions(CHAT_DIR / "instructions_validation.jsonl", seed=1357, n=150)
+
     tokenizer = build_tokenizer(train_path)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(MODEL_DIR)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

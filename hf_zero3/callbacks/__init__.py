@@ -12,15 +12,18 @@ from hf_zero3.callbacks.perplexity import PerplexityCallback
 from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
-def default_callbacks(training_args, seq_len: int | None = None, sources: dict | None = None) -> list:
+def default_callbacks(training_args, seq_len: int | None = None, sources: dict | None = None,
+                      tokens_per_sample: float | None = None) -> list:
     """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments).
-    `sources` (base_model, datasets) go into each checkpoint's marker, for the model card.
+    `sources` (base_model, datasets) go into each checkpoint's marker, for the model card; `seq_len` and
+    `tokens_per_sample` are the throughput callback's (see there).
 
     Order matters: the ones that add fields to the logs come before JsonlLogCallback, which writes them.
     """
     callbacks = [MemoryCallback(), PerplexityCallback()]
     if seq_len:
-        callbacks.append(ThroughputCallback(seq_len=seq_len, peak_tflops=getattr(training_args, "peak_tflops", None)))
+        callbacks.append(ThroughputCallback(seq_len=seq_len, peak_tflops=getattr(training_args, "peak_tflops", None),
+                                            tokens_per_sample=tokens_per_sample))
     callbacks.append(NonFiniteGuardCallback(patience=getattr(training_args, "stop_after_nonfinite_steps", 3)))
     callbacks.append(JsonlLogCallback())  # after the guard above: it adds its counts to the logs
     callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit, sources=sources))

@@ -69,21 +69,26 @@ class ThroughputCallback(TrainerCallback):
     """Throughput between logging steps, into the Trainer's logs (so every `report_to` gets it).
 
     Tokens are the real tokens fed: the Trainer's own count when `include_num_input_tokens_seen` is on,
-    else micro batch x accumulation x world size x `seq_len` per step, which is exact for packed blocks
-    (no padding). Model FLOPs per token are 6N + 12·L·H·S (PaLM, appendix B), with N counted from the
-    model config, so they are right under ZeRO-3 where each rank holds only a shard of the parameters.
+    else micro batch x accumulation x world size x `tokens_per_sample` per step: exact for raw-text blocks (no
+    padding), the data's mean for packed or padded examples. Model FLOPs per token are 6N + 12·L·H·S (PaLM,
+    appendix B), with N counted from the model config, so they are right under ZeRO-3 where each rank holds only
+    a shard of the parameters; S is `seq_len`, the length each token attends within.
 
     Args:
-        seq_len: tokens per sample (the block size).
+        seq_len: the attended sequence length (the block size for raw text; the token-weighted mean example
+            length for packed or padded examples, so padding and other examples count no FLOPs).
+        tokens_per_sample: real tokens per sample (default: seq_len).
         flops_per_token: model FLOPs per trained token; default: from the model's config.
         peak_tflops: GPU peak for MFU; default: looked up by GPU name (None on CPU: no MFU; an unknown GPU
             says how to set it).
     """
 
-    def __init__(self, seq_len: int, flops_per_token: float | None = None, peak_tflops: float | None = None):
+    def __init__(self, seq_len: int, flops_per_token: float | None = None, peak_tflops: float | None = None,
+                 tokens_per_sample: float | None = None):
         if peak_tflops is not None and not peak_tflops > 0:
             raise ValueError(f"peak_tflops must be a positive number of TFLOP/s, got {peak_tflops}: {SET_PEAK}")
         self.seq_len = seq_len
+        self.tokens_per_sample = tokens_per_sample or seq_len
         self.flops_per_token = flops_per_token
         self.peak_tflops = peak_tflops
         self._last_time = self._last_step = self._last_tokens = None
@@ -124,7 +129,7 @@ class ThroughputCallback(TrainerCallback):
     def _tokens(self, args, state) -> int:
         if args.include_num_input_tokens_seen not in ("no", False, None):
             return state.num_input_tokens_seen
-        return state.global_step * global_batch_of(args) * self.seq_len
+        return round(state.global_step * global_batch_of(args) * self.tokens_per_sample)
 
     def _mark(self, args, state) -> None:
         self._last_time, self._last_step, self._last_tokens = time.perf_counter(), state.global_step, \
@@ -140,7 +145,7 @@ class ThroughputCallback(TrainerCallback):
         tokens_per_s = tokens / seconds
         values = {"step_time_s": round(seconds / steps, 4), "tokens_per_s": round(tokens_per_s, 2),
                   "tokens_per_s_per_gpu": round(tokens_per_s / args.world_size, 2),
-                  "samples_per_s": round(tokens_per_s / self.seq_len, 3), "tokens_seen": self._tokens(args, state)}
+                  "samples_per_s": round(tokens_per_s / self.tokens_per_sample, 3), "tokens_seen": self._tokens(args, state)}
         if self.flops_per_token:
             tflops = tokens_per_s / args.world_size * self.flops_per_token / 1e12
             values["tflops_per_gpu"] = round(tflops, 3)

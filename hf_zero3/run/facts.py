@@ -62,7 +62,7 @@ class RunFacts:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> RunFacts:
         """From `load_arguments`' dict (YAML + overrides, coerced); what it leaves out takes the dataclass default."""
-        from hf_zero3.run.data import DataArguments
+        from hf_zero3.data.arguments import DataArguments
         from hf_zero3.run.train import TrainingArguments
 
         defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}

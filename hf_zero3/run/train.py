@@ -24,7 +24,8 @@ from typing import Any
 import transformers
 import yaml
 
-from hf_zero3.run.data import DataArguments, DataError, block_size_problem, dataset_problem, file_problem
+from hf_zero3.data.arguments import DataArguments, block_size_problem
+from hf_zero3.data.errors import DataError
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -540,12 +541,10 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     if not problems and (problem := block_size_problem(values.get("block_size", DataArguments.block_size),
                                                        _max_positions(values))):
         problems.append(problem)
-    for key in ("train_file", "validation_file"):
-        if values.get(key) and (problem := file_problem(values[key], key)):
-            problems.append(problem)
-    if values.get("dataset_name") and not values.get("train_file") and \
-            (problem := dataset_problem(values["dataset_name"], values.get("dataset_config_name"))):
-        problems.append(problem)
+    data, formats = _data_problems(values, with_tokenizer=not problems)
+    problems += data
+    if not problems and formats - {"text"} and values.get("packing", True):
+        problems += _packing_problems(values)
     layers = values.get("gradient_checkpointing_layers")
     if layers is not None and not (values.get("gradient_checkpointing") or values.get("activation_checkpointing")):
         problems.append(f"gradient_checkpointing_layers {layers} needs gradient_checkpointing true: it chooses which "
@@ -556,6 +555,58 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     problems += _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
+
+
+def _packing_problems(values: dict[str, Any]) -> list[str]:
+    """Packed chat or prompt/completion data on a model whose attention would mix the examples of a block."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_zero3.data.collate import packing_problem
+
+    try:
+        config = AutoConfig.from_pretrained(values.get("model_name_or_path") or values.get("config_name"),
+                                            local_files_only=True, trust_remote_code=bool(values.get("trust_remote_code")))
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (OSError, ValueError, KeyError):
+        return []  # known once the model is built (remote code, a hub id not cached): checked again there
+    problem = packing_problem(model_class, values.get("attn_implementation") or "sdpa")
+    return [problem] if problem else []
+
+
+def _data_problems(values: dict[str, Any], with_tokenizer: bool) -> tuple[list[str], set[str]]:
+    """hf_zero3.data's checks of the data files, their formats and rows, and (`with_tokenizer`: the model's inputs
+    are sound) the chat template on a sample; and the formats found."""
+    from hf_zero3.data.build import data_problems
+
+    def load_tokenizer():
+        from transformers import AutoTokenizer
+
+        name = values.get("tokenizer_name") or values.get("model_name_or_path") or values.get("config_name")
+        try:
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=bool(values.get("trust_remote_code"))), name
+        except (OSError, ValueError) as e:
+            raise DataError(f"could not load the tokenizer {name} to check the chat data: {e}") from e
+
+    return data_problems(values, load_tokenizer if with_tokenizer else None)
+
+
+def _batching(prepared, model, tokenizer) -> dict[str, Any]:
+    """The Trainer's collator (and eval metrics) for how the data was laid out; packing is refused where the model
+    would let packed examples attend to each other."""
+    from transformers import default_data_collator
+
+    from hf_zero3.data import build, collate, metrics
+
+    extra = {"compute_metrics": metrics.token_accuracy, "preprocess_logits_for_metrics": metrics.predicted_tokens}
+    if prepared.layout == build.BLOCKS:
+        return {"data_collator": default_data_collator, **extra}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if prepared.layout == build.PADDED:
+        return {"data_collator": collate.PaddedCollator(pad), **extra}
+    if problem := collate.packing_problem(type(model), collate.attention_of(model)):
+        raise UsageError(problem)
+    return {"data_collator": collate.PackedCollator(pad, flatten=collate.flattens(collate.attention_of(model))),
+            **extra}
 
 
 def _banner(trainer) -> str:
@@ -649,7 +700,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     check_inputs(values, device="cpu" if on_cpu else "cuda")
 
     # Imported once the inputs are known good: the Trainer and the callbacks take seconds to import.
-    from transformers import Trainer, default_data_collator, set_seed
+    from transformers import Trainer, set_seed
 
     from hf_zero3.callbacks import (
         DeepSpeedTimersCallback,
@@ -658,8 +709,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
-    from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, weights_gathered, write_finished
-    from hf_zero3.run.data import build_datasets
+    from hf_zero3.checkpoint.lifecycle import (
+        CheckpointError,
+        newest_complete,
+        weights_gathered,
+        write_finished,
+    )
+    from hf_zero3.data.build import build_datasets
 
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
@@ -671,12 +727,18 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args)
-    train_dataset, eval_dataset = build_datasets(data_args, tokenizer, training_args,
-                                                 max_positions=model.config.max_position_embeddings)
+    prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
+                              tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
+                              or model_args.config_name)
+    if is_world_process_zero():
+        for note in prepared.notes:
+            print(f"hf_zero3: data: {note}", flush=True)
+    batching = _batching(prepared, model, tokenizer)
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
-        callbacks = [*default_callbacks(training_args, seq_len=data_args.block_size, sources=sources),
+        callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
+                                        tokens_per_sample=prepared.tokens_per_row),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
@@ -688,10 +750,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     trainer = Trainer(
         model=model,
         args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=prepared.train,
+        eval_dataset=prepared.eval,
         processing_class=tokenizer,
-        data_collator=default_data_collator,
+        **batching,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
@@ -710,7 +772,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
             generation_ready(Path(training_args.output_dir))
     trainer.save_state()
-    if eval_dataset is not None:
+    if prepared.eval is not None:
         eval_metrics = trainer.evaluate()
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)

@@ -52,7 +52,8 @@ def test_checkpoint_weights_load_and_reproduce_the_logged_eval_loss(launcher_run
     """The saved safetensors are the trained weights: reloading them gives the eval loss the run logged."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
-    from hf_zero3.run.data import DataArguments, build_datasets
+    from hf_zero3.data.arguments import DataArguments
+    from hf_zero3.data.build import build_datasets
 
     _, out = launcher_run
     for folder in (out / "checkpoint-50", out / "checkpoint-100", out):
@@ -63,7 +64,7 @@ def test_checkpoint_weights_load_and_reproduce_the_logged_eval_loss(launcher_run
     args = TrainingArguments(output_dir=str(out / "eval"), use_cpu=True, report_to=[])
     data = DataArguments(train_file="assets/tiny/corpus/train.txt", validation_file="assets/tiny/corpus/validation.txt",
                          block_size=128, max_eval_samples=64)
-    _, eval_set = build_datasets(data, tokenizer, args, max_positions=512)
+    eval_set = build_datasets(data, tokenizer, args, max_positions=512).eval
     with torch.no_grad():
         batch = torch.tensor(eval_set["input_ids"])
         loss = sum(model(input_ids=b, labels=b).loss.item() for b in batch.split(8)) / math.ceil(len(batch) / 8)

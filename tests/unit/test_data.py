@@ -1,4 +1,4 @@
-"""hf_zero3.run.data against real `datasets` loading and the shipped tiny tokenizer (no mocks)."""
+"""hf_zero3.data against real `datasets` loading and the shipped tiny tokenizer (no mocks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import datasets
 import pytest
 from transformers import AutoTokenizer, TrainingArguments
 
-from hf_zero3.run.data import DataArguments, DataError, build_datasets
+from hf_zero3.data.arguments import DataArguments
+from hf_zero3.data.build import build_datasets
+from hf_zero3.data.errors import DataError
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 BLOCK = 64
@@ -69,7 +71,8 @@ def expected_stream(tokenizer, docs: list[str]) -> list[int]:
 
 def build(training_args, tokenizer, **kw):
     kw.setdefault("block_size", BLOCK)
-    return build_datasets(DataArguments(**kw), tokenizer, training_args, MAX_POS)
+    prepared = build_datasets(DataArguments(**kw), tokenizer, training_args, MAX_POS)
+    return prepared.train, prepared.eval
 
 
 def flat(ds) -> list[int]:

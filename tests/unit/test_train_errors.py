@@ -292,8 +292,11 @@ def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_th
     import torch.distributed as dist
 
     before = _process_group_threads()
-    err = train_fails_with(capsys, TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "o")
-    assert "text_column 'nope' not found in the train data" in err
+    short = tmp_path / "short.txt"
+    short.write_text("Too short for one block.\n")  # found only once tokenized, after the process group started
+    err = train_fails_with(capsys, TINY_YAML, "--train_file", short, "--validation_file", "null",
+                           "--output_dir", tmp_path / "o")
+    assert "fewer than one block (block_size=" in err
     assert not dist.is_initialized()
     assert not _process_group_threads() - before
 

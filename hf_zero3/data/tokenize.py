@@ -1,0 +1,151 @@
+"""Examples as token ids and labels, -100 where the model should not learn.
+
+Chat is rendered by the tokenizer's own chat template (`apply_chat_template`). The loss mask comes from the
+rendered conversation, never from searching its text: a template with `{% generation %}` markers gives it through
+`return_assistant_tokens_mask`; for any other template each assistant turn's characters are found by rendering the
+conversation up to that turn (with and without the generation prompt) and every token overlapping them is trained,
+the rule transformers applies to its generation spans. A template that renders earlier turns differently once
+later ones follow (some drop past reasoning) has no such prefixes: that is an error naming the ways out.
+Prompt/completion follows TRL: the completion starts where the tokenized prompt and prompt + completion diverge.
+
+Every example's first label is -100: no token predicts it, and packed examples then never predict each other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from hf_zero3.data.errors import DataError
+from hf_zero3.data.formats import as_messages
+
+IGNORE = -100
+"""The label the loss skips (PyTorch's cross-entropy ignore_index, the Trainer's convention)."""
+
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(template: str) -> bool:
+    return bool(_GENERATION.search(template))
+
+
+def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) -> str:
+    """The template to render with: the user's (a .jinja file or the template text), else the tokenizer's own."""
+    if chat_template:
+        if os.path.isfile(chat_template):
+            with open(chat_template, encoding="utf-8") as f:
+                return f.read()
+        if "{{" in chat_template or "{%" in chat_template:
+            return chat_template
+        raise DataError(f"chat_template {chat_template!r} is neither a file nor a Jinja template: point it at a "
+                        f".jinja file (resolved from the current directory {os.getcwd()!r}) or give the template text.")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not template:
+        raise DataError(f"the tokenizer of {tokenizer_name} has no chat template, so chat data cannot be rendered: "
+                        "set chat_template to a .jinja file (the template of the model family you fine-tune, e.g. "
+                        "from its tokenizer_config.json or chat_template.jinja), or use a tokenizer that has one.")
+    return template
+
+
+class Tokenizer:
+    """One tokenizer and chat template, turning rows of each format into {input_ids, labels}."""
+
+    def __init__(self, tokenizer, template: str | None, *, train_on_inputs: bool, use_markers: bool | None = None):
+        self.tok, self.template, self.train_on_inputs = tokenizer, template, train_on_inputs
+        self.use_markers = bool(template) and has_generation_markers(template) if use_markers is None else use_markers
+        self.eos = tokenizer.eos_token_id
+
+    def render(self, messages: list[dict], tools=None, add_generation_prompt: bool = False) -> str:
+        return self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
+
+    def _ids(self, text: str, offsets: bool = False):
+        return self.tok(text, add_special_tokens=False, return_offsets_mapping=offsets)
+
+    def chat(self, turns: list, tools=None) -> dict:
+        messages = as_messages(turns)
+        if self.train_on_inputs:
+            ids = self._ids(self.render(messages, tools))["input_ids"]
+            return _example(ids, ids)
+        if self.use_markers:
+            out = self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template, tokenize=True,
+                                               return_dict=True, return_assistant_tokens_mask=True)
+            ids = list(out["input_ids"])
+            return _example(ids, [t if m else IGNORE for t, m in zip(ids, out["assistant_masks"])])
+        text = self.render(messages, tools)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self.render(messages[:i], tools, add_generation_prompt=True) if i else ""
+            through = self.render(messages[: i + 1], tools)
+            if not (through.startswith(before) and text.startswith(through)):
+                raise NotPrefixError(i)
+            spans.append((len(before), max(len(before), len(through.rstrip()))))
+        return self._masked(text, spans)
+
+    def _masked(self, text: str, spans: list[tuple[int, int]]) -> dict:
+        """Token ids of `text`, labelled where a token overlaps one of the character spans."""
+        enc = self._ids(text, offsets=True)
+        ids, labels, k = list(enc["input_ids"]), [], 0
+        for token, (start, end) in zip(ids, enc["offset_mapping"]):
+            while k < len(spans) and start >= spans[k][1]:
+                k += 1
+            labels.append(token if k < len(spans) and end > spans[k][0] else IGNORE)
+        return _example(ids, labels)
+
+    def prompt_completion(self, prompt, completion, tools=None) -> dict:
+        if isinstance(prompt, str):
+            ids = self.tok(prompt + completion)["input_ids"]
+            if self.eos is not None and (not ids or ids[-1] != self.eos):
+                ids = ids + [self.eos]
+            prompt_ids = self.tok(prompt)["input_ids"]
+        else:
+            if not self.template:
+                raise DataError("prompt and completion hold conversations, but the tokenizer has no chat template to "
+                                "render them: set chat_template to a .jinja file, or give prompt and completion as "
+                                "text.")
+            prompt, completion = as_messages(prompt), as_messages(completion)
+            ids = self._ids(self.render(prompt + completion, tools))["input_ids"]
+            prompt_ids = self._ids(self.render(prompt, tools, add_generation_prompt=True))["input_ids"]
+        if self.train_on_inputs:
+            return _example(ids, ids)
+        n = _common_prefix(prompt_ids, ids)
+        return _example(ids, [IGNORE] * n + ids[n:])
+
+    def document(self, text: str, block_size: int) -> list[dict]:
+        """Raw text as examples of at most `block_size` tokens (a long document is cut, not dropped), EOS-ended."""
+        ids = self.tok(text)["input_ids"]
+        if self.eos is not None and (not ids or ids[-1] != self.eos):
+            ids = ids + [self.eos]
+        return [_example(ids[i:i + block_size], ids[i:i + block_size]) for i in range(0, len(ids), block_size)]
+
+
+class NotPrefixError(DataError):
+    """The chat template renders a conversation's earlier turns differently once later turns follow."""
+
+    def __init__(self, turn: int):
+        super().__init__(
+            f"the chat template renders turn {turn} (assistant) differently once later turns follow it, so the "
+            "assistant's tokens cannot be located from the rendered conversation. Use a chat template with "
+            "{% generation %} ... {% endgeneration %} around each assistant message (chat_template: a .jinja file; "
+            "TRL's training templates are such), split multi-turn conversations into one example per assistant "
+            "turn, or set train_on_inputs true.")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _example(ids: list[int], labels: list[int]) -> dict:
+    labels = list(labels)
+    if labels:
+        labels[0] = IGNORE
+    return {"input_ids": list(ids), "labels": labels}

@@ -1,0 +1,383 @@
+"""Chat and prompt/completion data: formats, loss masks, packing without cross-talk, mixtures and bad data, on the
+shipped tiny tokenizer and its chat template, real `datasets` loading and a real (tiny) Llama."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+from hf_zero3.data.arguments import DataArguments
+from hf_zero3.data.build import BLOCKS, PACKED, PADDED, build_datasets, data_problems
+from hf_zero3.data.collate import PackedCollator, PaddedCollator, packing_problem
+from hf_zero3.data.errors import DataError
+from hf_zero3.data.metrics import token_accuracy
+from hf_zero3.data.packing import best_fit_decreasing
+from hf_zero3.data.tokenize import IGNORE, Tokenizer
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "tiny"
+CHAT = ASSETS / "chat" / "train.jsonl"
+INSTRUCTIONS = ASSETS / "chat" / "instructions.jsonl"
+BLOCK = 256
+MAX_POS = 512
+
+# Llama 3's chat template as its tokenizer_config.json ships it (tools left out): no {% generation %} markers, so
+# the assistant's tokens are found from the turns' own renderings.
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt "
+    "%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")
+# A template that, like some reasoning models', drops an earlier assistant turn's thinking once a user follows.
+DROPS_THINKING = (
+    "{%- for m in messages %}{%- if m.role == 'assistant' and not loop.last %}<a>{{ m.content.split('</think>')[-1] }}"
+    "</a>{%- elif m.role == 'assistant' %}<a>{{ m.content }}</a>{%- else %}<{{ m.role }}>{{ m.content }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<a>{%- endif %}")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hf_datasets_cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(ASSETS / "model")
+
+
+@pytest.fixture(scope="module")
+def training_args(tmp_path_factory):
+    return TrainingArguments(output_dir=str(tmp_path_factory.mktemp("out")), use_cpu=True, report_to=[], seed=3)
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    return [json.loads(line)["messages"] for line in CHAT.read_text().splitlines()[:300]]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def trained_text(tokenizer, example) -> list[str]:
+    """The trained tokens of an example, decoded, one string per run of consecutive trained tokens."""
+    runs, current = [], []
+    for token, label in zip(example["input_ids"], example["labels"]):
+        if label != IGNORE:
+            assert label == token
+            current.append(token)
+        elif current:
+            runs.append(tokenizer.decode(current))
+            current = []
+    if current:
+        runs.append(tokenizer.decode(current))
+    return runs
+
+
+# -- loss masks --------------------------------------------------------------------------------------------------------
+
+def test_chat_trains_exactly_the_assistant_turns_and_their_eos(tokenizer, conversations):
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    assert tok.use_markers  # the tiny template marks the assistant's text with {% generation %}
+    for messages in conversations:
+        example = tok.chat(messages)
+        assert example["input_ids"] == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)[
+            "input_ids"]
+        answers = [m["content"] + "</s>" for m in messages if m["role"] == "assistant"]
+        assert [t.strip() for t in trained_text(tokenizer, example)] == answers, messages
+        assert example["labels"][0] == IGNORE
+
+
+def test_turn_offsets_give_the_same_mask_as_generation_markers(tokenizer, conversations):
+    """The mask found from the turns' renderings (templates without markers) equals transformers'
+    return_assistant_tokens_mask on a template with markers."""
+    markers = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False, use_markers=True)
+    offsets = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False, use_markers=False)
+    for messages in conversations:
+        assert offsets.chat(messages) == markers.chat(messages)
+
+
+def test_a_template_without_markers_trains_the_content_and_end_of_turn(tokenizer):
+    tok = Tokenizer(tokenizer, LLAMA3_TEMPLATE, train_on_inputs=False)
+    assert not tok.use_markers
+    messages = [{"role": "system", "content": "be brief."}, {"role": "user", "content": "what does the cow say?"},
+                {"role": "assistant", "content": "the cow says moo."}, {"role": "user", "content": "and the owl?"},
+                {"role": "assistant", "content": "the owl says hoot."}]
+    runs = trained_text(tokenizer, tok.chat(messages))
+    assert [r.strip() for r in runs] == ["the cow says moo.<|eot_id|>", "the owl says hoot.<|eot_id|>"]
+
+
+def test_train_on_inputs_trains_every_token_but_the_first(tokenizer, conversations):
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=True)
+    example = tok.chat(conversations[0])
+    assert example["labels"][1:] == example["input_ids"][1:] and example["labels"][0] == IGNORE
+
+
+def test_a_template_that_rewrites_earlier_turns_is_an_error_naming_the_ways_out(tokenizer):
+    tok = Tokenizer(tokenizer, DROPS_THINKING, train_on_inputs=False)
+    single = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>hello"}]
+    assert trained_text(tokenizer, tok.chat(single))  # one turn: prefixes hold
+    with pytest.raises(DataError, match=r"turn 1.*\{% generation %\}.*train_on_inputs"):
+        tok.chat([*single, {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye"}])
+
+
+def test_prompt_completion_trains_the_completion_and_eos(tokenizer):
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    example = tok.prompt_completion("question: what color is the sky?\nanswer:", " the sky is blue.")
+    assert example["input_ids"] == tokenizer("question: what color is the sky?\nanswer: the sky is blue.")[
+        "input_ids"] + [tokenizer.eos_token_id]
+    assert [r.strip() for r in trained_text(tokenizer, example)] == ["the sky is blue.</s>"]
+    conversational = tok.prompt_completion([{"role": "user", "content": "hi"}],
+                                           [{"role": "assistant", "content": "hello"}])
+    assert [r.strip() for r in trained_text(tokenizer, conversational)] == ["hello</s>"]
+
+
+# -- packing -----------------------------------------------------------------------------------------------------------
+
+def test_best_fit_decreasing_fills_bins_within_capacity_and_keeps_every_example():
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 100) for _ in range(2000)]
+    bins = best_fit_decreasing(lengths, 128)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
+    lower_bound = -(-sum(lengths) // 128)
+    assert len(bins) <= lower_bound * 1.02, (len(bins), lower_bound)  # within 2% of the unbeatable count
+
+
+def _tiny_model(attention: str):
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(ASSETS / "model")
+    config._attn_implementation = attention
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).float()
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad()
+    out = model(**batch)
+    out.loss.backward()
+    return out.loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("flatten", [False, True])
+def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, flatten):
+    """fp32, CPU: a micro batch of packed blocks gives the loss and gradients of its examples run alone,
+    token-weighted (the Trainer's mean over trained tokens). Flattened (the flash-attention layout) and padded rows
+    both."""
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    examples = [tok.chat(m) for m in conversations[:12]]
+    from hf_zero3.data.packing import pack_examples
+
+    packed = pack_examples({"input_ids": [e["input_ids"] for e in examples],
+                            "labels": [e["labels"] for e in examples]}, BLOCK)
+    assert 1 < len(packed["input_ids"]) < len(examples)  # several examples share a block
+    features = [dict(zip(packed, row)) for row in zip(*packed.values())]
+    model = _tiny_model(attention)
+    batch = PackedCollator(tokenizer.pad_token_id, flatten=flatten)(features)
+    if not flatten:
+        assert "attention_mask" not in batch and batch["input_ids"].shape[0] == len(features)
+    packed_loss, packed_grads = _loss_and_grads(model, batch)
+
+    total = sum(sum(1 for t in e["labels"][1:] if t != IGNORE) for e in examples)
+    alone_loss, alone_grads = 0.0, [torch.zeros_like(p) for p in model.parameters()]
+    for e in examples:
+        n = sum(1 for t in e["labels"][1:] if t != IGNORE)
+        loss, grads = _loss_and_grads(model, {"input_ids": torch.tensor([e["input_ids"]]),
+                                              "labels": torch.tensor([e["labels"]])})
+        alone_loss += loss * n / total
+        alone_grads = [a + g * n / total for a, g in zip(alone_grads, grads)]
+    torch.testing.assert_close(packed_loss, alone_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(packed_grads, alone_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_packing_without_position_ids_would_cross_attend(tokenizer, conversations):
+    """The check above can fail: the same packed rows without position_ids (one long sequence) give another loss."""
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    from hf_zero3.data.packing import pack_examples
+
+    examples = [tok.chat(m) for m in conversations[:6]]
+    packed = pack_examples({"input_ids": [e["input_ids"] for e in examples],
+                            "labels": [e["labels"] for e in examples]}, BLOCK)
+    batch = PackedCollator(tokenizer.pad_token_id, flatten=False)([dict(zip(packed, r)) for r in zip(*packed.values())])
+    model = _tiny_model("sdpa")
+    with torch.no_grad():
+        apart = model(**batch).loss
+        mixed = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
+        cached = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
+                       use_cache=True).loss  # a KV cache turns transformers' packed-sequence masks off
+    assert abs(apart - mixed) > 1e-4 and abs(apart - cached) > 1e-4
+
+
+def test_padded_batches_mask_the_padding(tokenizer, conversations):
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    examples = [tok.chat(m) for m in conversations[:4]]
+    batch = PaddedCollator(tokenizer.pad_token_id)(examples)
+    widths = [len(e["input_ids"]) for e in examples]
+    assert batch["input_ids"].shape == (4, max(widths))
+    assert batch["attention_mask"].sum(1).tolist() == widths
+    assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()
+
+
+def test_packing_is_refused_for_a_model_whose_mask_ignores_position_ids():
+    from transformers import LlamaForCausalLM, MambaForCausalLM
+
+    assert packing_problem(LlamaForCausalLM, "sdpa") is None
+    assert packing_problem(LlamaForCausalLM, "flash_attention_2") is None
+    problem = packing_problem(MambaForCausalLM, "eager")
+    assert "MambaForCausalLM" in problem and "packing false" in problem
+
+
+# -- datasets end to end -----------------------------------------------------------------------------------------------
+
+def build(training_args, tokenizer, **kwargs):
+    kwargs.setdefault("block_size", BLOCK)
+    return build_datasets(DataArguments(**kwargs), tokenizer, training_args, MAX_POS)
+
+
+def test_chat_file_is_packed_into_blocks_with_positions_restarting_per_example(training_args, tokenizer):
+    prepared = build(training_args, tokenizer, train_file=str(CHAT), validation_file=str(ASSETS / "chat" /
+                                                                                         "validation.jsonl"))
+    assert prepared.layout == PACKED and prepared.eval is not None
+    assert set(prepared.train.column_names) == {"input_ids", "labels", "position_ids"}
+    rows = prepared.train[:50]
+    for ids, labels, positions in zip(rows["input_ids"], rows["labels"], rows["position_ids"]):
+        assert len(ids) == len(labels) == len(positions) <= BLOCK
+        starts = [i for i, p in enumerate(positions) if p == 0]
+        assert starts[0] == 0 and all(labels[s] == IGNORE for s in starts)  # no example predicts the next one
+        assert all(ids[s] == tokenizer.bos_token_id for s in starts)       # each example starts with its BOS
+    examples = sum(1 for line in CHAT.read_text().splitlines())
+    assert sum(p.count(0) for p in prepared.train["position_ids"]) == examples  # none dropped at 256 tokens
+    assert 0.8 < prepared.tokens_per_row / BLOCK <= 1
+
+
+def test_padding_and_truncation_are_the_users_choice(training_args, tokenizer):
+    padded = build(training_args, tokenizer, train_file=str(CHAT), packing=False, block_size=96)
+    assert padded.layout == PADDED and "position_ids" not in padded.train.column_names
+    assert max(len(x) for x in padded.train["input_ids"]) <= 96
+    dropped = next(n for n in padded.notes if "dropped" in n)
+    truncated = build(training_args, tokenizer, train_file=str(CHAT), packing=False, block_size=96,
+                      overlong="truncate")
+    assert "truncated" in " ".join(truncated.notes) and len(truncated.train) > len(padded.train)
+    n_dropped = int(dropped.split("dropped ")[1].split(" of")[0])
+    assert len(padded.train) == 3000 - n_dropped
+
+
+def test_a_mix_takes_each_source_by_weight_or_count(training_args, tokenizer):
+    by_count = build(training_args, tokenizer, packing=False, datasets=[
+        {"path": str(CHAT), "examples": 100}, {"path": str(INSTRUCTIONS), "examples": 250}])
+    bos = tokenizer.bos_token_id  # the chat template starts with it; the tiny tokenizer adds none to plain text
+    assert len(by_count.train) == 350 and sum(ids[0] == bos for ids in by_count.train["input_ids"]) == 100
+    by_weight = build(training_args, tokenizer, packing=False, datasets=[
+        {"path": str(CHAT), "weight": 3.0}, {"path": str(INSTRUCTIONS), "weight": 1.0}])
+    n_chat = sum(ids[0] == bos for ids in by_weight.train["input_ids"])
+    assert len(by_weight.train) == 5000 and n_chat == 3750  # 3 : 1 of the 3000 + 2000 examples
+    assert any("x its" in note for note in by_weight.notes)
+
+
+def test_a_validation_split_comes_from_the_mixed_examples(training_args, tokenizer):
+    prepared = build(training_args, tokenizer, packing=False, validation_split_percentage=10, datasets=[
+        {"path": str(CHAT)}, {"path": str(INSTRUCTIONS)}])
+    assert len(prepared.eval) == 500 and len(prepared.train) == 4500
+
+
+def test_raw_text_alone_keeps_full_blocks(training_args, tokenizer):
+    prepared = build(training_args, tokenizer, train_file=str(ASSETS / "corpus" / "validation.txt"), block_size=64)
+    assert prepared.layout == BLOCKS and {len(x) for x in prepared.train["input_ids"]} == {64}
+
+
+def test_token_accuracy_counts_only_trained_positions():
+    from transformers import EvalPrediction
+
+    labels = [[IGNORE, IGNORE, 5, 6, IGNORE], [IGNORE, 7, 8, IGNORE, IGNORE]]
+    predictions = [[9, 5, 0, 9, 9], [7, 9, 9, 9, 9]]  # position t predicts label t + 1
+    assert token_accuracy(EvalPrediction(predictions=predictions, label_ids=labels)) == {"token_accuracy": 0.5}
+
+
+# -- bad data, before anything starts ----------------------------------------------------------------------------------
+
+def problems_of(tmp_path, tokenizer_source=ASSETS / "model", **values):
+    tok = AutoTokenizer.from_pretrained(tokenizer_source)
+    found, _ = data_problems({"block_size": BLOCK, **values}, lambda: (tok, str(tokenizer_source)))
+    return " ".join(found)
+
+
+GOOD = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+@pytest.mark.parametrize("rows, needles", [
+    ([{"text": "no messages"}], ["no column 'messages'"]),
+    ([{"messages": GOOD}, {"messages": [{"role": "bot", "content": "x"}]}], ["line 2", "role 'bot'", "system, user"]),
+    ([{"messages": [{"role": "user", "content": ["a", "b"]}, GOOD[1]]}], ["line 1", "content of type list"]),
+    ([{"messages": GOOD}, {"messages": []}], ["line 2", "empty conversation"]),
+    ([{"messages": [GOOD[0]]}], ["no assistant turn", "train_on_inputs"]),
+    ([{"messages": [{"role": "user"}, GOOD[1]]}], ["turn 0 (user) has no content"]),
+])
+def test_bad_chat_rows_are_named_before_the_run(tmp_path, rows, needles):
+    message = problems_of(tmp_path, train_file=str(write_jsonl(tmp_path / "chat.jsonl", rows)), data_format="auto"
+                          if "text" not in rows[0] else "chat")
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_blank_lines_do_not_shift_the_line_numbers(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": GOOD}) + "\n\n" + json.dumps({"messages": [GOOD[0]]}) + "\n")
+    assert "line 3 has no assistant turn" in problems_of(tmp_path, train_file=str(path))
+
+
+def test_a_template_that_cannot_render_a_role_is_found_on_a_sample(tmp_path):
+    rows = [{"messages": GOOD}] * 3 + [{"messages": [*GOOD, {"role": "tool", "content": "42"}, GOOD[1]]}]
+    user_assistant_only = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}"
+                           "{{ raise_exception('unknown role ' ~ m.role) }}{%- endif %}<{{ m.role }}>{{ m.content }}"
+                           "{%- endfor %}{%- if add_generation_prompt %}<assistant>{%- endif %}")
+    message = problems_of(tmp_path, train_file=str(write_jsonl(tmp_path / "c.jsonl", rows)),
+                          chat_template=user_assistant_only)
+    assert "row 4" in message and "cannot render" in message and "unknown role tool" in message
+
+
+def test_a_tokenizer_without_a_chat_template_names_chat_template(tmp_path, tokenizer):
+    bare = tmp_path / "bare"
+    tokenizer.save_pretrained(bare)
+    (bare / "chat_template.jinja").unlink()
+    path = str(write_jsonl(tmp_path / "c.jsonl", [{"messages": GOOD}]))
+    assert "no chat template" in problems_of(tmp_path, bare, train_file=path)
+    template = tmp_path / "t.jinja"
+    template.write_text(LLAMA3_TEMPLATE)
+    assert problems_of(tmp_path, bare, train_file=path, chat_template=str(template)) == ""
+
+
+@pytest.mark.parametrize("name, content, needles", [
+    ("bad.jsonl", b'{"messages": []}\n{"text": "a"\n', ["line 2 is not valid JSON"]),
+    ("list.jsonl", b'{"text": "a"}\n[1, 2]\n', ["line 2 is a JSON list"]),
+    ("binary.txt", bytes(range(256)) * 4, ["not text", "binary"]),
+    ("latin1.txt", "caf\u00e9 au lait\nsecond\n".encode("latin-1"), ["not UTF-8", "line 1", "iconv"]),
+    ("utf16.txt", "hello\n".encode("utf-16"), ["UTF-16", "iconv"]),
+])
+def test_unreadable_files_get_one_line_naming_the_fix(tmp_path, name, content, needles):
+    path = tmp_path / name
+    path.write_bytes(content)
+    message = problems_of(tmp_path, train_file=str(path))
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_a_parquet_without_the_column_names_its_columns(tmp_path):
+    path = tmp_path / "data.parquet"
+    datasets.Dataset.from_list([{"body": "x"}]).to_parquet(str(path))
+    message = problems_of(tmp_path, train_file=str(path), data_format="chat")
+    assert "no column 'messages'" in message and "['body']" in message and "messages_column" in message
+
+
+def test_bad_mixture_entries_are_listed_together(tmp_path):
+    message = problems_of(tmp_path, datasets=[{"path": str(CHAT), "wieght": 2}, {"name": "x", "path": "y"}, 5])
+    assert "datasets[0].wieght" in message and "exactly one of path" in message and "datasets[2]" in message
