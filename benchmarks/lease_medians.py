@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from hf_zero3.ops.bench import aggregate, summarize
+from hf_zero3.units import current_names
 
 
 def runs_by_config(paths: list[Path], warmup: int, rename: dict[tuple[str, str], str]) -> dict[str, list[dict]]:
@@ -24,7 +25,7 @@ def runs_by_config(paths: list[Path], warmup: int, rename: dict[tuple[str, str],
     for path in paths:
         records: dict[tuple[str, int], list[dict]] = {}
         for line in path.read_text().splitlines():
-            r = json.loads(line)
+            r = current_names(json.loads(line))  # logs from before the *_gib names
             records.setdefault((r["variant"], r["repeat"]), []).append(r)
         for (variant, _), rows in records.items():
             name = rename.get((variant, path.name), variant)
@@ -38,8 +39,8 @@ def table(by_config: dict[str, list[dict]]) -> str:
     for name, runs in by_config.items():
         s = aggregate(runs)
         tps = sorted(r["tokens_per_s_per_gpu"] for r in runs if r.get("tokens_per_s_per_gpu"))
-        lines.append(f"| {name} | {s['tokens_per_s_per_gpu']:.0f} | {s['mfu']:.1%} | {s['gpu_peak_allocated_gb']:.2f} | "
-                     f"{s['gpu_peak_reserved_gb']:.2f} | {s['step_time_s']:.3f} | "
+        lines.append(f"| {name} | {s['tokens_per_s_per_gpu']:.0f} | {s['mfu']:.1%} | {s['gpu_peak_allocated_gib']:.2f} | "
+                     f"{s['gpu_peak_reserved_gib']:.2f} | {s['step_time_s']:.3f} | "
                      f"{len(tps)}: {tps[0]:.0f}-{tps[-1]:.0f} |")
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@
            --host-samples host.tsv [--nvme-samples nvme.tsv] [--probe probe_rank0.json]
                                                -> a markdown table (measured vs planned, error, tolerance) on stdout
 
-Measured GPU: the largest `gpu_peak_allocated_gb` of any rank in the run's JSONL log (or the probe's
+Measured GPU: the largest `gpu_peak_allocated_gib` of any rank in the run's JSONL log (or the probe's
 max_memory_allocated); host: the node's peak MemTotal - MemAvailable minus its value before the launch (the sampler
 the GPU script runs); NVMe: the largest size of the swap folder. Tolerances are the issue's: GPU +-10%, host and
 NVMe +-15%.
@@ -59,8 +59,10 @@ def _peak_column(path: str | None, column: int = 1) -> float | None:
 def measured(args) -> dict:
     found: dict = {}
     if args.log and Path(args.log).is_file():
-        records = [json.loads(x) for x in Path(args.log).read_text().splitlines() if x.strip()]
-        peaks = [v for r in records for k, v in r.items() if k.startswith("gpu_peak_allocated_gb") and
+        from hf_zero3.units import current_names  # logs from before the *_gib names
+
+        records = [current_names(json.loads(x)) for x in Path(args.log).read_text().splitlines() if x.strip()]
+        peaks = [v for r in records for k, v in r.items() if k.startswith("gpu_peak_allocated_gib") and
                  isinstance(v, (int, float))]
         if peaks:
             found["gpu"] = max(peaks) * GiB

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
 from hf_zero3.config.spec import ZeroSpec
-from hf_zero3.plan.memory import Hardware, Training, describe, plan
+from hf_zero3.plan.memory import plan
 from hf_zero3.plan.shapes import ModelShape, load_shape
+from hf_zero3.plan.types import Hardware, Training, describe
+from hf_zero3.units import current_names
 
 HERE = Path(__file__).resolve().parent
 GiB = 1024**3
@@ -81,13 +83,13 @@ def ladder_cases() -> list[tuple[str, ZeroSpec, float]]:
     from hf_zero3.ops.compare import ladder
 
     rungs = ladder(LADDER_RUNGS, on_gpu=True, nvme_path=None)
-    return [(r.name, _spec(r.spec), json.loads((HERE / LADDER / "rungs" / f"{r.name}.json").read_text())
-             ["gpu_peak_allocated_gb"]) for r in rungs]
+    return [(r.name, _spec(r.spec), current_names(json.loads((HERE / LADDER / "rungs" / f"{r.name}.json").read_text()))
+             ["gpu_peak_allocated_gib"]) for r in rungs]
 
 
 def bench_peak_gib(jsonl: str, variant: str) -> float:
-    rows = [json.loads(line) for line in (HERE / jsonl).read_text().splitlines()]
-    return max(r["gpu_peak_allocated_gb"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gb" in r)
+    rows = [current_names(json.loads(line)) for line in (HERE / jsonl).read_text().splitlines()]
+    return max(r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gib" in r)
 
 
 def probe(variant: str) -> dict:

@@ -36,7 +36,8 @@ from hf_zero3.ops.bench import scratch_run_dir  # noqa: E402
 from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
 from hf_zero3.plan.shapes import load_shape, with_changes  # noqa: E402
 from hf_zero3.recipes import get as get_recipe  # noqa: E402
-from hf_zero3.run.train import load_arguments  # noqa: E402
+from hf_zero3.run.arguments import load_arguments  # noqa: E402
+from hf_zero3.units import current_names  # noqa: E402
 
 GiB = 1024**3
 
@@ -163,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     host = sampler.result()
     host_peak = int(host["peak_minus_baseline_gib"] * GiB)
     reports = sorted(args.out.glob(f"{name}_*_proof.jsonl"))
-    records = [json.loads(line) for line in reports[-1].read_text().splitlines()] if reports else []
+    records = [current_names(json.loads(line)) for line in reports[-1].read_text().splitlines()] if reports else []
     ours = [r for r in records if r.get("variant") == "ours" and "loss" in r]
-    measured_gpu = max((r.get("gpu_peak_allocated_gb") or 0) for r in ours) * GiB if ours else None
+    measured_gpu = max((r.get("gpu_peak_allocated_gib") or 0) for r in ours) * GiB if ours else None
     steps = [r for r in ours if r["step"] > args.warmup]
 
     def median(key):

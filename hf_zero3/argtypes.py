@@ -1,27 +1,25 @@
-"""Argument types and the one size grammar: what every verb, the launcher's environment and export accept.
+"""Argument types for the command lines: what every verb and the launcher accept.
 
 Why one owner: three positive-int types that disagreed (one accepted "+3", one crashed on "abc"), and a second
-size regex in the launcher's `--target` whose grammar differed from `plan --gpu-mem`.
+size regex in the launcher's `--target` whose grammar differed from `plan --gpu-mem`. The size grammar itself is
+`hf_zero3.units.parse_size` (a ValueError, for every layer); here it raises argparse's error, which argparse
+prints as it is.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+from hf_zero3 import units
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '40GB' (decimal), '80GiB' (binary) or '512G' (binary, as in `free -g` and Slurm)."""
-    match = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(ib|b)?", str(text).strip().lower())
-    if not match or (not match.group(2) and match.group(3) != "b"):
-        raise argparse.ArgumentTypeError(
-            f"bad size {text!r}: give a number with a unit, e.g. 40GB (10^9 bytes), 80GiB or 512G (2^30 bytes)")
-    number, prefix, suffix = float(match.group(1)), match.group(2), match.group(3)
-    base = 1000 if suffix == "b" else 1024
-    return int(number * base ** _UNITS[prefix])
+    """`units.parse_size` as an argparse type."""
+    try:
+        return units.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def positive_int(text: str) -> int:

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3 import recipes
+from hf_zero3 import __version__, recipes
 from hf_zero3.callbacks._console import say
-from hf_zero3.callbacks._gather import gather_from_ranks
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.checkpoint.space import SaveSize, save_size
+from hf_zero3.plan.hardware import versions
+from hf_zero3.plan.saves import SaveSize, save_size
+from hf_zero3.run.distributed import gather_from_ranks
 
 
 class CheckpointGuardCallback(TrainerCallback):
@@ -28,7 +29,7 @@ class CheckpointGuardCallback(TrainerCallback):
     `hf_zero3_complete.json` (see `hf_zero3.checkpoint.lifecycle`). Before a save, every rank checks that the disk can
     hold one more checkpoint, so a full disk is a clear error instead of a half-written folder; a save that
     fails anyway (the disk filled up meanwhile) ends with a note that names the cause and the way back. When
-    training starts, the size of the first save is estimated from the model (`hf_zero3.checkpoint.space`): a disk
+    training starts, the size of the first save is estimated from the model (`hf_zero3.plan.saves`): a disk
     that cannot hold it is an error then, not hours later; one that cannot hold the newest N while the next is
     written is a warning.
 
@@ -277,9 +278,6 @@ def _recipe(args) -> dict:
 def _provenance(args, state, first_step: int) -> dict:
     """What wrote this checkpoint: for resume checks (world size) and for the model card."""
     import json
-
-    from hf_zero3 import __version__
-    from hf_zero3.plan.hardware import versions
 
     # ThroughputCallback's figures (eval and save time excluded), not a second timer of our own
     timed = [r for r in state.log_history if "samples_per_s" in r and "step_time_s" in r and r["step"] > first_step]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.callbacks._gather import merge_into_logs
+from hf_zero3.callbacks._logs import merge_into_logs
 
 GLOBAL_TIMERS = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
 """DeepSpeed's per-optimizer-step timers (ZeRO-3 all-gathers run inside fwd/bwd through prefetching)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_zero3.callbacks._console import say
-from hf_zero3.checkpoint.hub import check_repo_id
+from hf_zero3.checkpoint import export, hub
 from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir, is_complete
 
 STAGING_PREFIX = ".hub-export-"
@@ -84,7 +84,7 @@ class HubPushCallback(TrainerCallback):
 
     def __init__(self, repo_id: str, private: bool = False, revision: str | None = None, dtype: str = "bf16",
                  max_shard_size: str = "5GB"):
-        check_repo_id(repo_id, "hub_model_id")
+        hub.check_repo_id(repo_id, "hub_model_id")
         self.repo_id, self.private, self.revision = repo_id, private, revision
         self.dtype, self.max_shard_size = dtype, max_shard_size
         self._worker: threading.Thread | None = None
@@ -210,20 +210,16 @@ class HubPushCallback(TrainerCallback):
 
     def _export(self, source: Path, staging: Path) -> Path | None:
         """`staging/checkpoint-N`, exported from `source` (the checkpoint or its snapshot); None if that failed."""
-        from hf_zero3.checkpoint.export import export_checkpoint
-
         try:
-            return export_checkpoint(source, staging / source.name, self.dtype, self.max_shard_size)
+            return export.export_checkpoint(source, staging / source.name, self.dtype, self.max_shard_size)
         except Exception as e:  # noqa: BLE001 -- the run must not die for the upload
             print(f"hf_zero3: WARNING: exporting {source.name} for the Hub failed ({type(e).__name__}: {e}); "
                   "training goes on", flush=True)
             return None
 
     def _upload(self, out: Path) -> None:
-        from hf_zero3.checkpoint.hub import push_folder
-
         try:
-            url = push_folder(out, self.repo_id, self.private, self.revision,
+            url = hub.push_folder(out, self.repo_id, self.private, self.revision,
                               commit_message=f"{out.name} (step {out.name.split('-')[-1]})")
             say(f"hf_zero3: pushed {out.name} to {self.repo_id}: {url}")
         except Exception as e:  # noqa: BLE001 -- network, auth, quota: the run must not die for it

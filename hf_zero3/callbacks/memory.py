@@ -10,9 +10,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hf_zero3.callbacks._console import say
-from hf_zero3.callbacks._gather import gather_from_ranks, merge_into_logs
-
-GB = 1024**3
+from hf_zero3.callbacks._logs import merge_into_logs
+from hf_zero3.run.distributed import gather_from_ranks
+from hf_zero3.units import GIB
 
 
 def host_memory() -> dict[str, float]:
@@ -24,8 +24,8 @@ def host_memory() -> dict[str, float]:
 
     rss = psutil.Process(os.getpid()).memory_info().rss
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; the kernel updates it lazily
-    return {"host_rss_gb": rss / GB, "host_peak_rss_gb": max(rss, peak) / GB,
-            "host_available_gb": psutil.virtual_memory().available / GB}
+    return {"host_rss_gib": rss / GIB, "host_peak_rss_gib": max(rss, peak) / GIB,
+            "host_available_gib": psutil.virtual_memory().available / GIB}
 
 
 def gpu_memory() -> dict[str, float]:
@@ -36,13 +36,13 @@ def gpu_memory() -> dict[str, float]:
         return {}
     device = torch.cuda.current_device()
     stats = {
-        "gpu_allocated_gb": torch.cuda.memory_allocated(device) / GB,
-        "gpu_reserved_gb": torch.cuda.memory_reserved(device) / GB,
-        "gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(device) / GB,
-        "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(device) / GB,
+        "gpu_allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+        "gpu_reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
     }
     try:
-        stats["pinned_host_gb"] = torch.cuda.host_memory_stats()["allocated_bytes.current"] / GB
+        stats["pinned_host_gib"] = torch.cuda.host_memory_stats()["allocated_bytes.current"] / GIB
     except (AttributeError, KeyError, RuntimeError):
         pass
     stats.update(_nvml(device))
@@ -55,7 +55,7 @@ def _nvml(device: int) -> dict[str, float]:
     import torch
 
     try:
-        return {"gpu_used_gb": torch.cuda.device_memory_used(device) / GB,
+        return {"gpu_used_gib": torch.cuda.device_memory_used(device) / GIB,
                 "gpu_util_pct": float(torch.cuda.utilization(device)),
                 "gpu_power_w": torch.cuda.power_draw(device) / 1000}
     except (ImportError, ModuleNotFoundError, RuntimeError, AttributeError, ValueError):
@@ -89,8 +89,8 @@ class MemoryCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         worst = {key: round(max(r[key] for r in records if key in r), 4)
-                 for key in records[0] if key not in ("rank", "host_available_gb")}
-        worst["host_available_gb"] = round(min(r["host_available_gb"] for r in records), 4)
+                 for key in records[0] if key not in ("rank", "host_available_gib")}
+        worst["host_available_gib"] = round(min(r["host_available_gib"] for r in records), 4)
         merge_into_logs(state, logs, worst)
         path = Path(args.output_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,10 +99,10 @@ class MemoryCallback(TrainerCallback):
                 f.write(json.dumps({"step": state.global_step, **{k: v for k, v in r.items()}}) + "\n")
         if self.print_line:
             parts = [f"step {state.global_step}"]
-            if "gpu_peak_allocated_gb" in worst:
-                parts.append(f"gpu peak {worst['gpu_peak_allocated_gb']:.2f}/{worst['gpu_peak_reserved_gb']:.2f} "
+            if "gpu_peak_allocated_gib" in worst:
+                parts.append(f"gpu peak {worst['gpu_peak_allocated_gib']:.2f}/{worst['gpu_peak_reserved_gib']:.2f} "
                              "GiB alloc/reserved")
             ranks = f"max of {len(records)} ranks" if len(records) > 1 else "one rank"
-            parts.append(f"host rss {worst['host_rss_gb']:.2f} GiB ({ranks}), "
-                         f"available {worst['host_available_gb']:.1f} GiB")
+            parts.append(f"host rss {worst['host_rss_gib']:.2f} GiB ({ranks}), "
+                         f"available {worst['host_available_gib']:.1f} GiB")
             say("hf_zero3 memory: " + " | ".join(parts))  # through tqdm: the Trainer's bar stays whole

@@ -7,7 +7,7 @@ import sys
 from transformers import TrainerCallback
 
 from hf_zero3.callbacks._console import say
-from hf_zero3.callbacks._gather import merge_into_logs
+from hf_zero3.callbacks._logs import merge_into_logs
 from hf_zero3.checkpoint import lifecycle as ckpt
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_zero3.checkpoint.lifecycle import checkpoint_dir, deepspeed_tag_dir, optim_states_files
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,8 +35,6 @@ def saved_optimizer_state(tag_dir: Path, rank: int) -> dict:
     swapped) and the torch optimizer's state_dict, "optimizer_state_dict": "state" ({sub-group index: {"step",
     "exp_avg", ...}}, the tensors empty where swapped) and "param_groups" (lr, betas, ...)."""
     import torch
-
-    from hf_zero3.checkpoint.lifecycle import optim_states_files
 
     files = optim_states_files(Path(tag_dir), rank)
     if len(files) != 1:
@@ -107,8 +107,6 @@ class NvmeResumeCallback(TrainerCallback):
         zero = nvme_zero3_optimizer(getattr(self.trainer, "model_wrapped", None))
         if zero is None or state.global_step == 0:
             return
-        from hf_zero3.checkpoint.lifecycle import checkpoint_dir, deepspeed_tag_dir
-
         checkpoint = Path(self.checkpoint or checkpoint_dir(args.output_dir, state.global_step))
         tag_dir, problems = deepspeed_tag_dir(checkpoint)
         if tag_dir is None:

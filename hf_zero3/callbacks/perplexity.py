@@ -6,15 +6,8 @@ import math
 
 from transformers import TrainerCallback
 
-from hf_zero3.callbacks._gather import merge_into_logs
-
-MAX_LOSS = 50.0
-"""exp() of a larger loss overflows to inf, which JSON (train_log.jsonl, W&B) cannot hold."""
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), capped at exp(MAX_LOSS)."""
-    return math.exp(min(loss, MAX_LOSS))
+from hf_zero3.callbacks._logs import merge_into_logs
+from hf_zero3.units import perplexity
 
 
 class PerplexityCallback(TrainerCallback):

@@ -6,7 +6,7 @@ import time
 
 from transformers import TrainerCallback
 
-from hf_zero3.callbacks._gather import merge_into_logs
+from hf_zero3.callbacks._logs import merge_into_logs
 from hf_zero3.run.facts import global_batch_of
 
 PEAK_TFLOPS = {

@@ -16,7 +16,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from hf_zero3 import __version__
 from hf_zero3.checkpoint.lifecycle import checkpoint_step, newest_complete, read_finished, read_marker
+from hf_zero3.run.facts import global_batch_of, precision_of
+from hf_zero3.units import perplexity
 
 DEFAULT_LICENSE = "other"
 """When no license was set (`hub_license`, `export --license`): the Hub's value for "see the card"."""
@@ -54,8 +57,6 @@ def hub_id(name: Any) -> str | None:
 
 def hyperparameters(training: dict[str, Any], world_size: int, ds_config: dict[str, Any] | None) -> dict[str, Any]:
     """The short list the Trainer's own card gives, from the recorded TrainingArguments (not all 100 of them)."""
-    from hf_zero3.run.facts import global_batch_of, precision_of
-
     batch = SimpleNamespace(per_device_train_batch_size=training.get("per_device_train_batch_size", 1),
                             gradient_accumulation_steps=training.get("gradient_accumulation_steps", 1),
                             world_size=world_size)
@@ -94,9 +95,6 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
                model_name: str | None = None):
     """The `huggingface_hub.ModelCard` for the export of `checkpoint` (`str(card)` is the README.md)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
-
-    from hf_zero3 import __version__
-    from hf_zero3.callbacks.perplexity import perplexity
 
     checkpoint = Path(checkpoint)
     # A finished output_dir (its final save wrote ZeRO shards) has no marker of its own: the run's provenance is in

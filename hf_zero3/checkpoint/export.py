@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hf_zero3.checkpoint.card import model_card
 from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
     deepspeed_tag_dir,
@@ -28,6 +29,7 @@ from hf_zero3.checkpoint.lifecycle import (
     verify_weights,
 )
 from hf_zero3.checkpoint.nvme_states import OFFLOADED, has_nvme_states, swapped_fp32_groups
+from hf_zero3.units import parse_size
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 """--dtype choices -> torch dtype names (as config.json spells them)."""
@@ -69,13 +71,9 @@ def _instead(path: Path) -> str:
 
 def shard_bytes(size: str | int) -> int:
     """Bytes per safetensors shard: an int, or text in the planner's size grammar (5GB, 500MB, 1GiB, 512G)."""
-    from argparse import ArgumentTypeError
-
-    from hf_zero3.argtypes import parse_size
-
     try:
         value = parse_size(size) if isinstance(size, str) else int(size)
-    except (ArgumentTypeError, TypeError, ValueError) as e:
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f"shard size: {e}") from None
     if value < 1:
         raise CheckpointError(f"shard size {size!r} is not positive: give one of at least 1 byte, e.g. 5GB, "
@@ -175,8 +173,6 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, to_torch_tensor
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
-
-    from hf_zero3.checkpoint.card import model_card
 
     tag_dir, problems = deepspeed_tag_dir(checkpoint)
     if tag_dir is None:

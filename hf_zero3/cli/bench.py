@@ -55,11 +55,19 @@ def add_arguments(verbs) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hf_zero3.ops.bench import BASELINES, TUNED_MICRO_BATCH, Tuned, run_bench, tuned_accumulation, tuned_variants
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3.ops.bench import (
+        BASELINES,
+        TUNED_MICRO_BATCH,
+        Tuned,
+        run_bench,
+        tuned_accumulation,
+        tuned_variants,
+    )
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.recipes import RecipeError, get
+    from hf_zero3.run.arguments import load_arguments
     from hf_zero3.run.facts import RunFacts
-    from hf_zero3.run.train import load_arguments
 
     try:
         recipe = get(args.recipe).folder
@@ -118,6 +126,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     label = args.label or recipe.name
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.shapes import load_config_shape
 
     shape = load_config_shape(values.get("model_name_or_path") or values.get("config_name"),

@@ -34,6 +34,7 @@ def add_arguments(verbs) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.checkpoint.lifecycle import CheckpointError
 
     try:

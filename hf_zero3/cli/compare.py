@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 from hf_zero3.argtypes import positive_int
+from hf_zero3.ops.compare import DEFAULT_RUNGS, RUNGS
 
 
 def add_arguments(verbs) -> None:
     """Register `compare` on the `hf-zero3` subparsers."""
-    from hf_zero3.ops.compare import DEFAULT_RUNGS, RUNGS
-
     compare = verbs.add_parser(
         "compare", help="DDP vs ZeRO-1/2/3, checkpointing, offload, NVMe: memory, speed and loss parity",
         epilog="Train overrides for every rung go after --, e.g. -- --bf16 true --block_size 1024")
@@ -44,13 +43,14 @@ def add_arguments(verbs) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.checkpoint.lifecycle import CheckpointError
     from hf_zero3.ops.compare import run_compare, write_report
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.plan.shapes import load_config_shape
     from hf_zero3.recipes import RecipeError, get
+    from hf_zero3.run.arguments import load_arguments
     from hf_zero3.run.facts import RunFacts
-    from hf_zero3.run.train import load_arguments
 
     try:
         recipe = get(args.recipe).folder

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 from hf_zero3.argtypes import int_or_auto, output_file, positive_int
+from hf_zero3.config.presets import STANDALONE_CONFIGS
 
 
 def add_arguments(verbs) -> None:
     """Register `config new`, `config check` and `configs` on the `hf-zero3` subparsers."""
-    from hf_zero3.config.presets import STANDALONE_CONFIGS
-
     config = verbs.add_parser("config", help="generate or validate a ds_config").add_subparsers(
         dest="action", required=True)
     new = config.add_parser("new", help="print a ds_config built from options")
@@ -69,6 +68,7 @@ def _problems(error: ValueError) -> list[str]:
 
 
 def _config_new(args: argparse.Namespace) -> int:
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.build import build_ds_config, training_args_overrides
     from hf_zero3.config.check import load_config
     from hf_zero3.config.convert import spec_from_ds_config
@@ -146,6 +146,7 @@ def _config_new(args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.check import check_ds_config, has_errors, load_config
 
     try:
@@ -169,6 +170,7 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _configs(args: argparse.Namespace) -> int:
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.presets import stale_configs, write_configs
 
     root = Path(args.root)

@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from packaging.requirements import InvalidRequirement, Requirement
 
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.check import load_config
     from hf_zero3.ops import doctor
     from hf_zero3.plan.hardware import default_ranks

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 from hf_zero3.argtypes import output_file, parse_size, positive_int
+from hf_zero3.plan.types import ATTENTIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` verb's options."""
-    from hf_zero3.plan.memory import ATTENTIONS
-
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="named shape (tiny, 7b, 13b, 70b, 8b), recipe name, config folder or hub id")
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
@@ -58,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shape(args: argparse.Namespace):
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.shapes import ModelShape, load_shape, with_changes
 
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
@@ -73,6 +73,7 @@ def _shape(args: argparse.Namespace):
 
 def _liger(flag: bool | None) -> tuple[bool, str]:
     """Whether to plan with Liger, and why: --liger/--no-liger, else whether liger-kernel is installed here."""
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.hardware import versions
 
     if flag is not None:
@@ -87,6 +88,7 @@ def _hardware(args: argparse.Namespace):
     """A named profile (single figures overridden by the flags), else the flags and this machine."""
     import dataclasses
 
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.hardware import detect_hardware
     from hf_zero3.plan.profiles import get
 
@@ -102,6 +104,7 @@ def _hardware(args: argparse.Namespace):
 
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.presets import render
     from hf_zero3.plan.memory import PlanError, choose
     from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json

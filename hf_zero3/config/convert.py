@@ -118,12 +118,11 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     elif "optimizer" in config and not offloaded:
         notes.append(f"dropped the optimizer block ({json.dumps(optimizer)}): without offload the Trainer's --optim "
                      "and its TrainingArguments apply")
-    checkpointing = _block(config, "activation_checkpointing")
-    if isinstance(config.get("activation_checkpointing"), dict):
+    if _block(config, "activation_checkpointing") or isinstance(config.get("activation_checkpointing"), dict):
         fields["activation_checkpointing"] = True
         notes.append("replaced the activation_checkpointing block (a no-op for HF models) by TrainingArguments "
                      "gradient_checkpointing: true")
-        if checkpointing.get("cpu_checkpointing") is True:
+        if asks_activation_offload(config):
             fields["activation_offload"] = True
             notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
                          "(hf_zero3/run/activation_offload.py)")
@@ -139,6 +138,12 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     if extra:
         fields["extra"] = extra
     return ZeroSpec(**fields), notes
+
+
+def asks_activation_offload(config: dict | None) -> bool:
+    """Whether a ds_config asks for activation offload: `activation_checkpointing.cpu_checkpointing: true`."""
+    block = (config or {}).get("activation_checkpointing")
+    return isinstance(block, dict) and block.get("cpu_checkpointing") is True
 
 
 def _block(parent: dict, key: str, where: str | None = None) -> dict:

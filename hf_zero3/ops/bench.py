@@ -22,6 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_zero3.checkpoint.export import claim_staging, mark_staging
+from hf_zero3.checkpoint.lifecycle import CheckpointError
+from hf_zero3.plan.hardware import gpu_count, gpu_name
+from hf_zero3.plan.hardware import versions as package_versions
+from hf_zero3.run.distributed import cuda_available, free_port
+from hf_zero3.run.plots import plot_runs
+from hf_zero3.units import current_names
+
 STOCK_ZERO3 = {
     # transformers' documented ZeRO-3 template ("auto" everywhere the Trainer fills), DeepSpeed's AdamW and
     # WarmupLR, no offload; `stock_offload` is the same template with its CPU offload of params and optimizer.
@@ -208,8 +216,8 @@ def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
 
     summary = {key: median(key) for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s",
                                              "ds_fwd_ms", "ds_bwd_ms", "ds_step_ms")}
-    summary.update({key: peak(key) for key in ("gpu_peak_allocated_gb", "gpu_peak_reserved_gb", "host_rss_gb",
-                                               "host_peak_rss_gb")})
+    summary.update({key: peak(key) for key in ("gpu_peak_allocated_gib", "gpu_peak_reserved_gib", "host_rss_gib",
+                                               "host_peak_rss_gib")})
     summary["final_loss"] = every[-1]["loss"] if every else None
     summary["steps_measured"] = len(steps)
     return summary
@@ -225,7 +233,7 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         values = [r[key] for r in ok if r.get(key) is not None]
         if not values:
             summary[key] = None
-        elif key.startswith("gpu_peak") or key in ("host_rss_gb", "host_peak_rss_gb"):
+        elif key.startswith("gpu_peak") or key in ("host_rss_gib", "host_peak_rss_gib"):
             summary[key] = max(values)
         else:
             summary[key] = statistics.median(values)
@@ -235,12 +243,9 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
 
 def hardware_label() -> tuple[str, str]:
     """(short label for file names, long description) of this machine."""
-    import torch
+    import torch  # torch takes a second to import: `hf-zero3 bench --help` and the report-only path do without
 
-    from hf_zero3.plan.hardware import gpu_count
-
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
+    if (name := gpu_name()) is not None:
         short = name.replace("NVIDIA ", "").split()[0]
         count = gpu_count()
         mem = torch.cuda.get_device_properties(0).total_memory / 1024**3
@@ -250,9 +255,7 @@ def hardware_label() -> tuple[str, str]:
 
 def versions() -> dict[str, str]:
     """What the report records: package versions from metadata, CUDA and the driver when there is a GPU."""
-    import torch
-
-    from hf_zero3.plan.hardware import versions as package_versions
+    import torch  # as in hardware_label
 
     found = package_versions()
     if torch.cuda.is_available():
@@ -291,8 +294,8 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
             continue
         breakdown = "/".join(_fmt(r.get(k), 0) for k in ("ds_fwd_ms", "ds_bwd_ms", "ds_step_ms"))
         lines.append(f"| {name} | {_fmt(r['tokens_per_s_per_gpu'], 0)} | {_fmt(r['tflops_per_gpu'], 1)} | "
-                     f"{_fmt(r['mfu'], 1, 100, '%')} | {_fmt(r['gpu_peak_allocated_gb'], 2)} | "
-                     f"{_fmt(r['gpu_peak_reserved_gb'], 2)} | {_fmt(r['host_rss_gb'], 2)} | {_fmt(r['step_time_s'], 3)} | "
+                     f"{_fmt(r['mfu'], 1, 100, '%')} | {_fmt(r['gpu_peak_allocated_gib'], 2)} | "
+                     f"{_fmt(r['gpu_peak_reserved_gib'], 2)} | {_fmt(r['host_rss_gib'], 2)} | {_fmt(r['step_time_s'], 3)} | "
                      f"{breakdown} | {_fmt(r['final_loss'], 3)} | {spread} |")
     ours = results.get("ours", {}).get("tokens_per_s_per_gpu")  # none when `--only` left ours out
     for name, r in results.items():
@@ -316,7 +319,7 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
                     lines.append(f"| {name} | {i} | failed: {x['error']} | | | | |")
                 else:
                     lines.append(f"| {name} | {i} | {_fmt(x['tokens_per_s_per_gpu'], 0)} | {_fmt(x['mfu'], 1, 100, '%')} | "
-                                 f"{_fmt(x['gpu_peak_allocated_gb'], 2)} | {_fmt(x['gpu_peak_reserved_gb'], 2)} | "
+                                 f"{_fmt(x['gpu_peak_allocated_gib'], 2)} | {_fmt(x['gpu_peak_reserved_gib'], 2)} | "
                                  f"{_fmt(x['step_time_s'], 3)} |")
     lines += ["", "MFU uses model FLOPs 6·N + 12·L·H·S per token (PaLM appendix B, N = parameters without "
               "embeddings) against the GPU's dense bf16 peak (`--peak-tflops`, else `hf_zero3.callbacks.throughput.PEAK_TFLOPS`: "
@@ -328,10 +331,8 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
 
 
 def plot(path: Path, per_variant: dict[str, list[dict]], title: str = "", warmup: int = 0) -> bool:
-    """Loss, tokens/s per GPU and memory per step, one colour per variant (hf_zero3.ops.plots); False without
+    """Loss, tokens/s per GPU and memory per step, one colour per variant (hf_zero3.run.plots); False without
     matplotlib."""
-    from hf_zero3.ops.plots import plot_runs
-
     return plot_runs(path, per_variant, title, warmup)
 
 
@@ -341,7 +342,7 @@ def progress_line(label: str, done: int, total: int, elapsed: float) -> str:
     return f"{label}: step {done}/{total}, {elapsed:.0f} s, ETA {eta:.0f} s"
 
 
-def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0, stop_at: int = 0) -> int:
+def follow_run(proc: subprocess.Popen, log: Path, total: int, label: str, limit: float = 0, stop_at: int = 0) -> int:
     """Wait for a run, showing a progress bar from its train_log.jsonl; a run past `limit` seconds (if > 0) is
     stopped and reported as exit 124, so one hung run cannot eat a whole bench. A run that had logged all its steps
     is only exiting: it is stopped too, but it counts (exit 0), since every measurement is in. With `stop_at` (> 0)
@@ -357,11 +358,11 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
             time.sleep(1.0)
             done = sum(1 for line in log.read_text().splitlines() if '"loss"' in line) if log.exists() else 0
             if stop_at and done >= stop_at:
-                _stop(proc)
+                stop_run(proc)
                 print(f"{label}: stopped after {done} of {total} steps, as asked", file=sys.stderr, flush=True)
                 return 0
             if limit and time.time() - start > limit:
-                _stop(proc)
+                stop_run(proc)
                 if done >= total:
                     print(f"{label}: all {total} steps logged; stopped while exiting, after {limit:.0f} s "
                           "(--run-timeout)", file=sys.stderr, flush=True)
@@ -376,7 +377,7 @@ def _follow(proc: subprocess.Popen, log: Path, total: int, label: str, limit: fl
     return proc.returncode
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_run(proc: subprocess.Popen) -> None:
     """Kill a variant's launcher and everything it started. DeepSpeed's single-node launcher does not pass a
     SIGTERM on, so its ranks would outlive a stopped bench: loading the machine, writing into the work dir."""
     import psutil
@@ -403,14 +404,12 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
     (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
     """
-    from hf_zero3.run.distributed import cuda_available, free_port
-
     on_gpu = cuda_available()
     variants = build_variants(recipe_dir, against, breakdown, on_gpu, global_batch=global_batch, gpus=gpus,
                               others=others, tuned=tuned)
     work_dir.mkdir(parents=True, exist_ok=True)
     state_path = work_dir / "bench_state.json"
-    state = json.loads(state_path.read_text()) if resume and state_path.exists() else {}
+    state = _read_state(state_path) if resume and state_path.exists() else {}
     short_hw, long_hw = hardware_label()
     date = state.get("date") or datetime.date.today().isoformat()
     state.update(date=date, commands=[*state.get("commands", []), command], runs=state.get("runs", {}))
@@ -441,12 +440,12 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         with log_path.open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             try:
-                code = _follow(proc, run_dir / "train_log.jsonl", warmup + steps,
+                code = follow_run(proc, run_dir / "train_log.jsonl", warmup + steps,
                                f"[{index + 1}/{total}] {variant.name} run {repeat}", run_timeout)
             finally:
                 if proc.poll() is None:  # the bench itself is stopping, or the run hung
-                    _stop(proc)
-        records = [{"repeat": repeat, **r} for r in _read_jsonl(run_dir / "train_log.jsonl")]
+                    stop_run(proc)
+        records = [{"repeat": repeat, **r} for r in read_jsonl(run_dir / "train_log.jsonl")]
         if code != 0:
             lines = log_path.read_text().strip().splitlines()
             tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]  # train's own
@@ -468,9 +467,6 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
 def scratch_run_dir(run_dir: Path) -> None:
     """Empty the folder one bench or compare run writes, if this tool made it (its owner file says so; an empty
     folder holds nothing to lose); a folder of that name that is someone's data stops the bench, untouched."""
-    from hf_zero3.checkpoint.export import claim_staging, mark_staging
-    from hf_zero3.checkpoint.lifecycle import CheckpointError
-
     if run_dir.is_dir() and not run_dir.is_symlink() and not any(run_dir.iterdir()):
         run_dir.rmdir()
     try:
@@ -508,5 +504,16 @@ def _write_outputs(report: Path, meta: dict, results: dict, per_variant: dict[st
     report.write_text(text)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def read_jsonl(path: Path) -> list[dict]:
+    """A train_log.jsonl's records, under today's field names (`units.current_names`)."""
+    return [current_names(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _read_state(path: Path) -> dict:
+    """A bench_state.json to resume, its summaries and records under today's field names."""
+    state = json.loads(path.read_text())
+    for runs in state.get("runs", {}).values():
+        for run in runs.values():
+            run["summary"] = current_names(run.get("summary", {}))
+            run["records"] = [current_names(r) for r in run.get("records", [])]
+    return state

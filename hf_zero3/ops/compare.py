@@ -27,6 +27,7 @@ from typing import Any
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
+from hf_zero3.units import current_names
 
 RUNGS = ("ddp", "ddp_seed2", "zero1", "zero2", "zero3", "zero3_ckpt", "zero3_ckpt_offload_opt",
          "zero3_ckpt_offload_all", "zero3_ckpt_nvme")
@@ -127,10 +128,11 @@ def initial_weights(values: dict[str, Any], work_dir: Path, seed: int) -> tuple[
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
-            set_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
             from hf_zero3.checkpoint.export import claim_staging, mark_staging, release_staging
 
+            set_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             tmp = folder.with_name(folder.name + ".tmp")
             claim_staging(tmp)  # removed only if a killed earlier call of ours left it (its owner file says so)
             tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -158,8 +160,8 @@ def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
     speeds = [r["tokens_per_s_per_gpu"] for r in steps if r["step"] > warmup and r.get("tokens_per_s_per_gpu")]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     return {"steps": len(steps), "final_loss": steps[-1]["loss"] if steps else None,
-            "gpu_peak_allocated_gb": peak("gpu_peak_allocated_gb"), "gpu_peak_reserved_gb": peak("gpu_peak_reserved_gb"),
-            "host_rss_gb": peak("host_rss_gb"), "tokens_per_s_per_gpu": statistics.median(speeds) if speeds else None,
+            "gpu_peak_allocated_gib": peak("gpu_peak_allocated_gib"), "gpu_peak_reserved_gib": peak("gpu_peak_reserved_gib"),
+            "host_rss_gib": peak("host_rss_gib"), "tokens_per_s_per_gpu": statistics.median(speeds) if speeds else None,
             "eval_loss": evals[-1] if evals else None,
             "eval_perplexity": math.exp(min(evals[-1], 50.0)) if evals else None}
 
@@ -183,7 +185,8 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
     """Train one rung and write `rungs/<name>.jsonl` (its per-step records) and `rungs/<name>.json` (summary).
     With `stop_after`, the rung runs the first `stop_after` steps of the `steps`-step schedule (learning rate and
     all as in a full rung, so its losses compare step by step) and has no held-out evaluation."""
-    from hf_zero3.ops.bench import _follow, _read_jsonl, _stop, scratch_run_dir
+    # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
+    from hf_zero3.ops.bench import follow_run, read_jsonl, scratch_run_dir, stop_run
     from hf_zero3.run.distributed import free_port
 
     run_dir = work_dir / rung.name
@@ -203,12 +206,12 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            code = _follow(proc, run_dir / "train_log.jsonl", steps, f"compare {rung.name}", run_timeout,
+            code = follow_run(proc, run_dir / "train_log.jsonl", steps, f"compare {rung.name}", run_timeout,
                            stop_at=stop_after if 0 < stop_after < steps else 0)
         finally:
             if proc.poll() is None:
-                _stop(proc)
-    records = _read_jsonl(run_dir / "train_log.jsonl")
+                stop_run(proc)
+    records = read_jsonl(run_dir / "train_log.jsonl")
     if 0 < stop_after < steps:  # the run is polled, so a step or two past N may have been logged before the stop
         records = [r for r in records if r.get("step", 0) <= stop_after]
     summary: dict[str, Any] = {"rung": rung.name, "command": shlex.join(cmd), "ds_config": config,
@@ -234,11 +237,12 @@ def record_skip(rungs_dir: Path, name: str, reason: str, meta: dict) -> None:
 
 def load_results(rungs_dir: Path) -> tuple[dict[str, dict], dict[str, list[dict]]]:
     """Every rung recorded in `rungs_dir`, in ladder order: summaries and per-step records."""
-    from hf_zero3.ops.bench import _read_jsonl
+    # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
+    from hf_zero3.ops.bench import read_jsonl
 
-    found = {p.stem: json.loads(p.read_text()) for p in rungs_dir.glob("*.json")}
+    found = {p.stem: current_names(json.loads(p.read_text())) for p in rungs_dir.glob("*.json")}
     order = [n for n in RUNGS if n in found] + sorted(n for n in found if n not in RUNGS)
-    return ({n: found[n] for n in order}, {n: _read_jsonl(rungs_dir / f"{n}.jsonl") for n in order})
+    return ({n: found[n] for n in order}, {n: read_jsonl(rungs_dir / f"{n}.jsonl") for n in order})
 
 
 def _fmt(value, digits=2, suffix=""):
@@ -269,9 +273,9 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
     (over the same steps, so a rung that ran fewer steps is held to the same yardstick)."""
     ran = {n: s for n, s in summaries.items() if measured(s)}
     first = next(iter(ran.values()), next(iter(summaries.values())))
-    on_gpu = any(s.get("gpu_peak_allocated_gb") for s in ran.values())
+    on_gpu = any(s.get("gpu_peak_allocated_gib") for s in ran.values())
     ref, base = ran.get(REFERENCE), records.get(REFERENCE, [])
-    mem_key = "gpu_peak_allocated_gb" if on_gpu else "host_rss_gb"
+    mem_key = "gpu_peak_allocated_gib" if on_gpu else "host_rss_gib"
     lines = [f"# Seed claims measured: {first.get('label', '?')} on {first.get('hardware_short', '?')} "
              f"({first.get('date', '?')})", "",
              f"Hardware: {first.get('hardware', '?')}  ",
@@ -307,8 +311,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
         if s.get("steps") and schedule and s["steps"] < schedule:
             how = f", then {s['error'].split(':')[0]}" if "error" in s else ""
             shown = f"{name} (first {s['steps']} of the {schedule}-step schedule{how}: Δloss over those)"
-        lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gb'))} | {_fmt(s.get('gpu_peak_reserved_gb'))} | "
-                     f"{_fmt(s.get('host_rss_gb'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
+        lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gib'))} | {_fmt(s.get('gpu_peak_reserved_gib'))} | "
+                     f"{_fmt(s.get('host_rss_gib'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
                      f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
                      f"{_sci(dev and dev['tail_mean'])} | {_sci(spread and spread['tail_mean'])} | "
                      f"{_fmt(s.get('eval_loss'), 4)} | "
@@ -356,8 +360,8 @@ def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]])
     except ImportError:
         return False
     ran = [n for n, s in summaries.items() if measured(s)]
-    on_gpu = any(summaries[n].get("gpu_peak_allocated_gb") for n in ran)
-    key = "gpu_peak_allocated_gb" if on_gpu else "host_rss_gb"
+    on_gpu = any(summaries[n].get("gpu_peak_allocated_gib") for n in ran)
+    key = "gpu_peak_allocated_gib" if on_gpu else "host_rss_gib"
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 11))
     base = {r["step"]: r["loss"] for r in records.get(REFERENCE, []) if "loss" in r}
     for index, name in enumerate(ran):
@@ -382,7 +386,7 @@ def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]])
     if on_gpu:  # allocated (solid) and reserved (hatched) side by side
         bottom.bar([i - 0.2 for i in range(len(ran))], [summaries[n].get(key) or 0 for n in ran], 0.4, color=colors,
                    label="peak allocated")
-        bottom.bar([i + 0.2 for i in range(len(ran))], [summaries[n].get("gpu_peak_reserved_gb") or 0 for n in ran],
+        bottom.bar([i + 0.2 for i in range(len(ran))], [summaries[n].get("gpu_peak_reserved_gib") or 0 for n in ran],
                    0.4, color=colors, alpha=0.4, hatch="//", label="peak reserved")
         bottom.legend(fontsize=8)
     else:
@@ -413,8 +417,10 @@ def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, st
     The NVMe rung runs `nvme_steps` (default `steps`): each of its steps reads and writes every offloaded byte on the
     disk. `stop_after` (> 0) stops every rung of this call after that many steps of the `steps`-step schedule.
     Returns the report and the rungs that failed (name -> error)."""
+    # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
     from hf_zero3.ops.bench import hardware_label, versions
     from hf_zero3.run.distributed import cuda_available
+
 
     on_gpu = cuda_available()
     rungs = ladder(names, on_gpu=on_gpu, nvme_path=nvme_path)

@@ -30,6 +30,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from hf_zero3.run.distributed import free_port
+from hf_zero3.run.hostfile import HOSTFILE_FIX, HostfileError, read_hostfile
+
 # setup.cfg cannot express native libraries; these floors are the seed's (torch>=2.6 wheels ship newer).
 NATIVE_MINIMUMS = {"cuda": "11.8", "cudnn": "8.6", "nccl": "2.18"}
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
@@ -359,59 +362,6 @@ def check_nvme(path: str | os.PathLike, test_bytes: int = 256 * 2**20, chunk: in
 
 # ---- hosts ------------------------------------------------------------------------------------------
 
-class HostfileError(ValueError):
-    pass
-
-
-HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
-"""DeepSpeed's own pattern (`deepspeed.launcher.runner._parse_hostfile`), searched in each stripped line: what
-follows `slots=N` is ignored there (`max_slots=8`, a comment), and `slots = 2` is refused."""
-HOSTFILE_FIX = "each line: `hostname slots=N` (no spaces around =), one line per host; `#` starts a comment"
-
-
-def _hostfile_hint(line: str) -> str:
-    spaced = re.match(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-    if spaced:
-        return f"write `{spaced.group(1)} slots={spaced.group(2)}` (DeepSpeed takes no spaces around =)"
-    if len(line.split()) == 1:
-        return f"add the number of ranks: `{line} slots=N`"
-    return "write `hostname slots=N`"
-
-
-def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, int]:
-    """Hosts and slots as DeepSpeed's launcher reads them: the same lines accepted, the same slots (slots=0
-    included), the same lines refused; where DeepSpeed stops at the first bad line with a bare message, every
-    bad line is named here with its fix. `text` as Python reads a file (universal newlines, like DeepSpeed)."""
-    hosts, errors = {}, []
-    for number, raw in enumerate(text.split("\n"), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = HOSTFILE_LINE.search(line)
-        if match is None:
-            errors.append(f"{source}:{number}: {line!r} is not `hostname slots=N`: {_hostfile_hint(line)}")
-        elif match.group(1) in hosts:
-            errors.append(f"{source}:{number}: host {match.group(1)} is listed twice: keep one line per host")
-        else:
-            hosts[match.group(1)] = int(match.group(2))
-    if not hosts and not errors:
-        errors.append(f"{source}: no hosts: add one line `hostname slots=N` per node")
-    if errors:
-        raise HostfileError("; ".join(errors))
-    return hosts
-
-
-def read_hostfile(path: str | os.PathLike) -> dict[str, int]:
-    """`parse_hostfile` of the file at `path`, read as DeepSpeed reads it; HostfileError names the file."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a text file"
-        raise HostfileError(f"cannot read hostfile {path}: {reason}: pass a readable DeepSpeed hostfile "
-                            "(lines `hostname slots=N`)") from e
-    return parse_hostfile(text, str(path))
-
-
 def code_root() -> Path:
     """The checkout hf_zero3 runs from: its git work tree, or the package folder for a plain install."""
     package = Path(__file__).resolve().parents[1]
@@ -559,8 +509,7 @@ def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | Non
     `ranks` is the world size it must reach (with a hostfile: the sum of its slots)."""
     import torch
 
-    from hf_zero3.ops.allreduce import RESULT_TAG
-    from hf_zero3.run.distributed import free_port
+    from hf_zero3.ops.allreduce import RESULT_TAG  # the probe imports torch.distributed: only when it runs
 
     gpu = torch.cuda.is_available()
     sizes = "1,16,256" if gpu else "1,16,64"

@@ -12,7 +12,7 @@ import os
 import platform
 import shutil
 
-from hf_zero3.plan.memory import Hardware, PlanError
+from hf_zero3.plan.types import Hardware, PlanError
 
 VERSIONED = ("torch", "deepspeed", "transformers", "accelerate", "liger-kernel", "flash-attn")
 """The packages whose versions a benchmark or a checkpoint records (the ones not installed are left out)."""

@@ -13,30 +13,16 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.speed import fastest, faster_measured
+from hf_zero3.plan.speed import faster_measured, fastest
+from hf_zero3.plan.types import Attention, Hardware, Plan, PlanError, Term, Training
+from hf_zero3.units import GB, gb
 
-GB = 10**9
-CUDA_CONTEXT_BYTES = 3 * GB
-"""CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees. Measured as NVML
-used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks/README.md); more ranks mean more NCCL buffers."""
-GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
-"""Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
-on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
-partition-sized copies of the gradients, which fragment the cache)."""
-GPU_MARGIN_NEAR_FULL = {3: 0.07}
-"""The fragmentation a nearly full GPU still needs, by ZeRO stage. Close to capacity the caching allocator releases
-its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
-140 GiB reserved 4.8% and 6.8% more (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). A plan whose full margin does
-not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
-HOST_PER_RANK_BYTES = int(6.5 * GB)
-"""Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
-DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
 HOST_MARGIN = 0.05
 """Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 STARTUP_RANK_BYTES = 1_280_000_000
@@ -55,228 +41,6 @@ PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
 
-Attention = Literal["sdpa", "flash_attention_2", "eager"]
-ATTENTIONS: tuple[str, ...] = Attention.__args__
-"""The attention kernels the planner models (sdpa and flash keep O(seq) per head, eager the seq x seq scores)."""
-
-
-class PlanError(ValueError):
-    """Inputs the planner cannot work with; the message names the fix."""
-
-
-@dataclass(frozen=True)
-class FixedTerms:
-    """The planner's terms that are not arithmetic over the model but properties of a machine type and its software:
-    measured per machine type with `benchmarks/memory_probe.py` (`hf_zero3/plan/profiles.py::FIXED_TERMS` holds
-    them, with the probe run that measured each, or says "estimate")."""
-
-    cuda_context: int = CUDA_CONTEXT_BYTES
-    """GPU bytes outside torch's allocator: CUDA context, NCCL buffers, kernels (NVML used - torch reserved)."""
-    host_per_rank: int = HOST_PER_RANK_BYTES
-    """Resident host bytes of one training process beyond what it holds for the model."""
-    gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
-    """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
-    gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
-    source: str = "measured on 2 x H200 (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30)"
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """The machines to plan for. Sizes in bytes; host RAM and NVMe are per node."""
-
-    nodes: int
-    gpus_per_node: int
-    gpu_mem: int
-    host_ram: int | None
-    """None: unknown, so not checked (the plan still reports what it needs)."""
-    nvme_path: str | None = None
-    nvme_free: int | None = 0
-    """None: unknown (the NVMe directory is on the training nodes, not here), so not checked."""
-    detected: tuple[str, ...] = ()
-    """Which fields were read from this machine rather than given (shown, so nobody plans a cluster
-    with a laptop's RAM by accident)."""
-    headroom: float = 0.0
-    """Fraction of GPU memory, host RAM and NVMe a plan must leave free to fit (0.1: use at most 90%)."""
-    fixed: FixedTerms = FixedTerms()
-    """This machine type's fixed terms (default: the 2 x H200 probe's)."""
-
-    def __post_init__(self):
-        problems = []
-        if self.nodes < 1:
-            problems.append(f"nodes must be >= 1 (got {self.nodes}): pass --nodes N")
-        if self.gpus_per_node < 1:
-            problems.append(f"GPUs per node must be >= 1 (got {self.gpus_per_node}): pass --gpus N")
-        if self.gpu_mem <= 0:
-            problems.append("GPU memory must be > 0: pass --gpu-mem SIZE (e.g. 40GB, 80GiB)")
-        if self.host_ram is not None and self.host_ram <= 0:
-            problems.append("host RAM must be > 0: pass --host-ram SIZE (e.g. 512GiB)")
-        if not 0 <= self.headroom < 1:
-            problems.append(f"headroom must be in [0, 1) (got {self.headroom}): pass --headroom 0.1 for 10%")
-        if problems:
-            raise PlanError("; ".join(problems))
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    def usable(self, capacity: int) -> int:
-        """What a plan may use of `capacity` (GPU memory, host RAM or NVMe) after the headroom."""
-        return int(capacity * (1 - self.headroom))
-
-
-@dataclass(frozen=True)
-class Training:
-    """What one optimizer step processes on each GPU."""
-
-    seq_len: int
-    micro_batch: int = 1
-    grad_accum: int = 1
-    attention: Attention = "sdpa"
-    """sdpa and flash_attention_2 keep O(seq) per head; eager keeps the seq x seq scores."""
-    load_bytes: int | None = None
-    """Bytes per parameter as the weights are loaded on the host: None = the training precision (a pretrained
-    16-bit checkpoint); 4 for a model built from a config (from scratch: transformers initializes in fp32)."""
-    liger: bool = False
-    """Liger kernels (`use_liger_kernel`): RMSNorm keeps its 16-bit input and an fp32 rstd per row, SwiGLU keeps
-    gate and up and recomputes the activation, and the fused linear cross-entropy never holds the whole logits."""
-
-    def __post_init__(self):
-        for name in ("seq_len", "micro_batch", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.load_bytes not in (None, 2, 4):
-            raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
-        if self.attention not in ATTENTIONS:
-            raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
-
-    @property
-    def tokens(self) -> int:
-        """Tokens in one micro batch: what the activations scale with."""
-        return self.micro_batch * self.seq_len
-
-
-@dataclass(frozen=True)
-class Term:
-    """One line of the breakdown: bytes per GPU (`where="gpu"`) or per node (host, nvme)."""
-
-    name: str
-    where: Literal["gpu", "host", "nvme"]
-    bytes: int
-    formula: str
-    kind: Literal["state", "buffer", "activation", "overhead"] = "state"
-    """state: params, grads, master weights, optimizer (what DeepSpeed's estimator models); the rest are not."""
-    allocator: bool = True
-    """GPU terms only: False for memory `torch.cuda.max_memory_allocated` does not count."""
-    phase: Literal["always", "backward", "step", "startup"] = "always"
-    """GPU terms: "always" is held throughout; "backward" (activations, gathered parameters) and "step" (the optimizer
-    step's fp32 gradients) never coexist, so the peak is always + the larger of the two. Host terms: "always", or
-    "startup" (before the first step, when no offloaded state exists yet): the host peak is the larger sum."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The memory a configuration needs, term by term, and whether it fits the hardware."""
-
-    shape: ModelShape
-    hardware: Hardware
-    training: Training
-    spec: ZeroSpec
-    terms: tuple[Term, ...]
-    notes: tuple[str, ...] = ()
-
-    def total(self, where: str) -> int:
-        """Bytes needed at `where`; on the GPU, at the peak: only the larger phase counts (`phase_total`); on the
-        host, the larger of start-up and the rest of the run."""
-        if where == "host":
-            return max(self.host_phase_total("always"), self.host_phase_total("startup"))
-        if where != "gpu":
-            return sum(t.bytes for t in self.terms if t.where == where)
-        return self.gpu_allocated_bytes + sum(t.bytes for t in self.terms if t.where == "gpu" and not t.allocator)
-
-    def host_phase_total(self, phase: str) -> int:
-        return sum(t.bytes for t in self.terms if t.where == "host" and t.phase == phase)
-
-    def phase_total(self, phase: str) -> int:
-        """Allocator-visible GPU bytes of one phase ("always", "backward" or "step")."""
-        return sum(t.bytes for t in self.terms if t.where == "gpu" and t.allocator and t.phase == phase)
-
-    @property
-    def peak_phase(self) -> str:
-        """The phase at which the GPU peaks: "backward" or "step"."""
-        return "step" if self.phase_total("step") > self.phase_total("backward") else "backward"
-
-    def model_states(self, where: str) -> int:
-        """Params, grads, master weights and optimizer states at `where`: what DeepSpeed's estimator models."""
-        return sum(t.bytes for t in self.terms if t.where == where and t.kind == "state")
-
-    @property
-    def gpu_bytes(self) -> int:
-        """Everything one GPU needs, context and margin included: compare with its memory."""
-        return self.total("gpu")
-
-    @property
-    def gpu_allocated_bytes(self) -> int:
-        """The prediction of `torch.cuda.max_memory_allocated()` on one rank: always + the larger phase."""
-        return self.phase_total("always") + max(self.phase_total("backward"), self.phase_total("step"))
-
-    @property
-    def host_bytes(self) -> int:
-        return self.total("host")
-
-    @property
-    def nvme_bytes(self) -> int:
-        return self.total("nvme")
-
-    @property
-    def breakdown(self) -> dict[str, list[Term]]:
-        return {w: [t for t in self.terms if t.where == w] for w in ("gpu", "host", "nvme")}
-
-    @property
-    def fits_gpu(self) -> bool:
-        return self.gpu_bytes <= self.hardware.usable(self.hardware.gpu_mem)
-
-    @property
-    def tight(self) -> bool:
-        """It fits only with the near-full fragmentation allowance (`GPU_MARGIN_NEAR_FULL`), not the full margin."""
-        return any(n.startswith("tight fit:") for n in self.notes)
-
-    @property
-    def fits_host(self) -> bool:
-        return self.hardware.host_ram is None or self.host_bytes <= self.hardware.usable(self.hardware.host_ram)
-
-    @property
-    def fits_nvme(self) -> bool:
-        hw = self.hardware
-        return self.nvme_bytes == 0 or (bool(hw.nvme_path) and (
-            hw.nvme_free is None or self.nvme_bytes <= hw.usable(hw.nvme_free)))
-
-    @property
-    def fits(self) -> bool:
-        return self.fits_gpu and self.fits_host and self.fits_nvme
-
-    @property
-    def label(self) -> str:
-        return describe(self.spec)
-
-    def problems(self) -> list[str]:
-        """Why it does not fit, one line per resource."""
-        hw, out = self.hardware, []
-        room = f" less {hw.headroom:.0%} headroom" if hw.headroom else ""
-        if not self.fits_gpu:
-            out.append(f"GPU needs {gb(self.gpu_bytes)} of {gb(hw.gpu_mem)}{room}")
-        if not self.fits_host:
-            out.append(f"host RAM needs {gb(self.host_bytes)} per node of {gb(hw.host_ram)}{room}")
-        if not self.fits_nvme:
-            have = f"{gb(hw.nvme_free)} free at {hw.nvme_path}" if hw.nvme_path else "none (pass --nvme-path)"
-            out.append(f"NVMe needs {gb(self.nvme_bytes)} per node of {have}")
-        return out
-
-
-def gb(n: int) -> str:
-    """Bytes as decimal GB, the unit GPU and RAM sizes are sold in."""
-    return f"{n / GB:,.1f} GB"
-
-
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else str(n)
 
@@ -284,29 +48,6 @@ def _count(n: int) -> str:
 def element_bytes(precision: str) -> int:
     """Bytes per parameter, gradient or activation element: 2 for bf16/fp16 ("auto" planned as bf16), 4 for fp32."""
     return 4 if precision == "fp32" else 2
-
-
-def describe(spec: ZeroSpec) -> str:
-    """A short human name of a spec's memory-relevant choices."""
-    text = f"ZeRO-{spec.stage}"
-    opt, prm = spec.offload_optimizer.device, spec.offload_param.device
-    if opt == "cpu" and spec.offload_optimizer.ratio < 1:
-        opt = f"cpu, ratio {spec.offload_optimizer.ratio:g}"
-    if opt != "none" and not spec.offload_optimizer.pin_memory:
-        opt += ", not pinned"
-    if opt != "none" and prm != "none":
-        text += f" + offload optimizer ({opt}) and params ({prm})"
-    elif opt != "none":
-        text += f" + offload optimizer ({opt})"
-    elif prm != "none":
-        text += f" + offload params ({prm})"
-    if spec.activation_checkpointing:
-        text += " + checkpointing" + (f" (first {spec.checkpointed_layers} layers)" if spec.checkpointed_layers else "")
-    if spec.activation_offload:
-        text += " + activation offload"
-    if spec.stage == 3 and not spec.gather_16bit_weights_on_save:
-        text += " + saves ZeRO shards"
-    return text
 
 
 def _resolve(value: Any, auto: int) -> int:

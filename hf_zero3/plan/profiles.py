@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_zero3.plan.memory import GB as _GB
-from hf_zero3.plan.memory import FixedTerms, Hardware, PlanError
+from hf_zero3.config.presets import NVME_PLACEHOLDER
+from hf_zero3.plan.types import FixedTerms, Hardware, PlanError
+from hf_zero3.units import GB, GIB
 
-GiB, GB, TB = 2**30, 10**9, 10**12
+TB = 10**12
 
 A100_40GB = 40_339 * 2**20
 """torch's total_memory of an A100 40GB: 40,339 MiB (a PCIe card's report; SXM4 reports about the same)."""
@@ -21,7 +22,7 @@ A100_80GB = 81_038 * 2**20
 """torch's total_memory of an A100 80GB: 81,038 MiB (estimate: nvidia-smi 81,920 MiB less the reserved part)."""
 H100_80GB = 81_008 * 2**20
 """torch's total_memory of an H100 80GB SXM: about 79.1 GiB (estimate, as for the A100 80GB)."""
-H200 = 140 * GiB
+H200 = 140 * GIB
 """torch's total_memory of an H200: 140 GiB, measured on the lent boxes (benchmarks/README.md)."""
 
 
@@ -33,9 +34,9 @@ FIXED_TERMS: dict[str, FixedTerms] = {
     # Estimates until a probe runs there (`bash benchmarks/gpu_memory_probe.sh OUT zero3 zero3_offload_opt` on one
     # such node, then set the measured figures here): same software stack, so the same allocator fragmentation and
     # process size; 8 ranks per node hold more NCCL peer buffers than 2, so 0.5 GB more context is assumed.
-    "H100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
-    "A100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
-    "A100-40GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+    "H100-80GB": FixedTerms(cuda_context=int(3.5 * GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+    "A100-80GB": FixedTerms(cuda_context=int(3.5 * GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
+    "A100-40GB": FixedTerms(cuda_context=int(3.5 * GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
 }
 """The planner's fixed terms per GPU type, each with the probe that measured it or "estimate": a new machine type is
 one probe run away (benchmarks/gpu_memory_probe.sh, then benchmarks/planner_vs_measured.py)."""
@@ -61,8 +62,6 @@ class Profile:
     def hardware(self, nodes: int = 1, headroom: float = 0.0, nvme_path: str | None = None) -> Hardware:
         """The planner's `Hardware` for `nodes` of these; NVMe options are considered when the node has NVMe
         (the path is a placeholder unless given: `config new --nvme-path` or the recipe's `/local_nvme`)."""
-        from hf_zero3.config.presets import NVME_PLACEHOLDER
-
         path = (nvme_path or NVME_PLACEHOLDER) if self.nvme else None
         return Hardware(nodes, self.gpus, self.gpu_mem, self.host_ram, path, self.nvme, (), headroom,
                         FIXED_TERMS[self.gpu])
@@ -71,17 +70,17 @@ class Profile:
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     # AWS EC2 P4 page (aws.amazon.com/ec2/instance-types/p4): 8 A100 40GB, 1,152 GiB memory, 8 x 1,000 GB NVMe
     # SSD. NVMe speed: estimate (8 NVMe drives striped; ~2 GB/s write, ~3 GB/s read each, PCIe 3 era).
-    Profile("p4d.24xlarge", "A100-40GB", 8, A100_40GB, 1152 * GiB, 8 * 1000 * GB, 16.0, 8.0,
+    Profile("p4d.24xlarge", "A100-40GB", 8, A100_40GB, 1152 * GIB, 8 * 1000 * GB, 16.0, 8.0,
             "AWS EC2 P4 instance page; NVMe GB/s estimated"),
     # Azure docs, ND A100 v4-series (MicrosoftDocs/azure-docs articles/virtual-machines/nda100-v4-series.md):
     # Standard_ND96asr_v4, 8 A100 40GB, 900 GiB memory, 6,000 GiB temp storage (local NVMe, RAID 0 over 8 drives).
     # NVMe speed: estimate.
-    Profile("nd-a100-v4", "A100-40GB", 8, A100_40GB, 900 * GiB, 6000 * GiB, 12.0, 6.0,
+    Profile("nd-a100-v4", "A100-40GB", 8, A100_40GB, 900 * GIB, 6000 * GIB, 12.0, 6.0,
             "Azure ND A100 v4-series page (Standard_ND96asr_v4); NVMe GB/s estimated"),
     # GCP a2-highgpu-4g: 4 A100 40GB, 340 GiB memory (GCP machine types; SkyPilot's GCP catalog lists 85 GiB per
     # GPU). Local SSD is attached at creation in 375 GB partitions: 4 of them (1.5 TB) planned here (estimate).
     # Two of these are the "2 nodes x 4 A100-40GB" case: --hardware a2-highgpu-4g --nodes 2.
-    Profile("a2-highgpu-4g", "A100-40GB", 4, A100_40GB, 340 * GiB, 4 * 375 * GB, 2.6, 1.4,
+    Profile("a2-highgpu-4g", "A100-40GB", 4, A100_40GB, 340 * GIB, 4 * 375 * GB, 2.6, 1.4,
             "GCP A2 machine types; local SSD count chosen here (4 x 375 GB), GB/s estimated"),
     # NVIDIA DGX A100 user guide: 8 A100 80GB (the 640 GB system), 2 TB memory, 15 TB internal NVMe (4 x 3.84 TB,
     # RAID 0 /raid). NVMe speed: estimate.
@@ -93,10 +92,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             "NVIDIA DGX H100 user guide; NVMe GB/s estimated"),
     # The lent 1 x H200 box (its device description; issue 15): 140 GiB GPU, 125 GiB host RAM, 64 GiB disk (not NVMe
     # we can rely on: planned as disk, speed unmeasured, estimate).
-    Profile("h200x1", "H200", 1, H200, 125 * GiB, 64 * GiB, 2.0, 1.0,
+    Profile("h200x1", "H200", 1, H200, 125 * GIB, 64 * GIB, 2.0, 1.0,
             "the lent 1 x H200 box (device description); disk GB/s estimated until measured"),
     # The lent 2 x H200 box: 256 GiB host RAM, 128 GiB disk (device description; benchmarks/README.md).
-    Profile("h200x2", "H200", 2, H200, 256 * GiB, 128 * GiB, 2.0, 1.0,
+    Profile("h200x2", "H200", 2, H200, 256 * GIB, 128 * GIB, 2.0, 1.0,
             "the lent 2 x H200 box (device description); disk GB/s estimated until measured"),
 )}
 

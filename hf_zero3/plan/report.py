@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
-from hf_zero3.checkpoint.space import save_size
-from hf_zero3.plan.memory import element_bytes, gb
+from hf_zero3.config import batch
+from hf_zero3.plan.memory import element_bytes
+from hf_zero3.plan.saves import save_size
+from hf_zero3.units import GB, gb
 
 
 def rows(choice) -> list:
@@ -77,7 +79,7 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
     if choice.fits:
         t = shown.training
         out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x "
-            f"{hardware.world_size} GPUs = global batch {t.micro_batch * t.grad_accum * hardware.world_size}")
+            f"{hardware.world_size} GPUs = global batch {batch.global_batch(t.micro_batch, t.grad_accum, hardware.world_size)}")
         if hardware.host_ram is None:
             out(f"          needs {gb(shown.host_bytes)} host RAM per node (not checked: pass --host-ram)")
         if choice.speed:
@@ -90,8 +92,8 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
         out(f"liger     {liger_why}")
     for note in shown.notes:
         out(f"note      {note}")
-    if "gpu_mem" not in hardware.detected and hardware.gpu_mem % 10**9 == 0:
-        size = hardware.gpu_mem // 10**9
+    if "gpu_mem" not in hardware.detected and hardware.gpu_mem % GB == 0:
+        size = hardware.gpu_mem // GB
         out(f"note      {size}GB is {size} x 10^9 bytes; a GPU sold as {size}GB has about {size} GiB "
             f"({size * 2**30 / 1e9:.1f} GB, what torch reports): pass --gpu-mem {size}GiB to plan for all of it")
     limits = {"gpu": ("per GPU", hardware.gpu_mem), "host": ("host RAM per node", hardware.host_ram),

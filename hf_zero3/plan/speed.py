@@ -15,13 +15,11 @@ the figures are copied from the reports named in `source`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hf_zero3.plan.memory import Hardware, Plan
-    from hf_zero3.plan.shapes import ModelShape
+from hf_zero3.plan.shapes import ModelShape
+from hf_zero3.plan.types import Hardware, Plan
+from hf_zero3.units import GIB
 
-GIB = 2**30
 PARAMS_TOLERANCE = 0.10
 """A measurement applies to shapes within 10% of its parameter count (same sequence length)."""
 GPU_MEM_TOLERANCE = 0.05

@@ -277,9 +277,3 @@ def disable(model: torch.nn.Module) -> None:
     if getattr(decoder, "_hf_zero3_offloader", None) is not None:
         del decoder.forward  # the instance attribute; the class's forward shows through again
         del decoder._hf_zero3_offloader
-
-
-def requested_by_ds_config(ds_config: dict | None) -> bool:
-    """Whether a ds_config asks for it: `activation_checkpointing.cpu_checkpointing: true`."""
-    block = (ds_config or {}).get("activation_checkpointing")
-    return isinstance(block, dict) and block.get("cpu_checkpointing") is True

@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 SHM_DIR = Path("/dev/shm")
 
@@ -62,6 +63,25 @@ def launched_world_size() -> int | None:
     return 1
 
 
+def local_world_size(default: int) -> int:
+    """Ranks on this node as the launcher says: torchrun sets LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE;
+    `default` when neither does (one process, or a launcher that says nothing)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    return int(text) if text else default
+
+
+def gather_from_ranks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's small `record`, ordered by rank, on every rank (all ranks call it at the same point); just
+    `[record]` without a process group."""
+    import torch.distributed as dist  # torch takes a second to import: the launcher and the CLI never gather
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [record]
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
+
+
 def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
     if "WORLD_SIZE" not in os.environ:
@@ -88,9 +108,7 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        # torchrun sets LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE.
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
-                          or os.environ.get("WORLD_SIZE", "1"))
+        local_ranks = local_world_size(int(os.environ.get("WORLD_SIZE", "1")))
         threads = max(1, (os.cpu_count() or 1) // max(1, local_ranks))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)

@@ -15,20 +15,30 @@ arguments, the batch math and the memory plan instead (`make plan-<size>`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import shlex
 import shutil
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_zero3 import recipes
+from hf_zero3 import recipes, units
 from hf_zero3.argtypes import parse_size, positive_int
-from hf_zero3.run.distributed import LaunchError
+from hf_zero3.config.check import check_ds_config, has_errors, load_config
+from hf_zero3.config.spec import EVERY_PARAMETER
+from hf_zero3.plan.hardware import detect_hardware
+from hf_zero3.plan.memory import PlanError, choose, gathers_are_views, persists_every_parameter, plan
+from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
+from hf_zero3.plan.report import print_choice
+from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_config_shape, load_shape
+from hf_zero3.plan.types import Training
+from hf_zero3.run.distributed import LaunchError, cuda_available, free_port
 from hf_zero3.run.facts import RunFacts
+from hf_zero3.run.hostfile import HostfileError, read_hostfile, write_hostfile
+from hf_zero3.units import gb
 
 DEFAULT_HOSTFILE = "outputs/hostfile"
 MULTI_NODE_PORT = 29500
@@ -80,8 +90,6 @@ class Target:
     @classmethod
     def parse(cls, text: str) -> Target:
         """`NODESxGPUS[xMEM]`, MEM in the size grammar of `plan --gpu-mem` (40GB, 140GiB), or a profile name."""
-        from hf_zero3.plan.profiles import PROFILES
-
         if text in PROFILES:
             machine = PROFILES[text]
             return cls(1, machine.gpus, f"{machine.gpu_mem}B", text)
@@ -159,8 +167,6 @@ def recipe_model(recipe: Path) -> str | None:
 
 def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str | None, dict | None, bool]:
     """(hostfile path, its hosts and slots, whether we write it) from HOSTS or HOSTFILE."""
-    from hf_zero3.ops.doctor import HostfileError, read_hostfile
-
     hostfile = env.get("HOSTFILE", "").strip() or None
     if env.get("HOSTS", "").strip():
         if "[" in env["HOSTS"] or "]" in env["HOSTS"]:
@@ -279,8 +285,6 @@ def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problem
 
 def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: Target = Target()) -> Launch:
     """Check the launch settings in `env` together and build the deepspeed command (raises LaunchError)."""
-    from hf_zero3.run.distributed import free_port
-
     problems: list[str] = []
     for name in ("train_args.yaml", "ds_config.json"):
         if not (recipe / name).is_file():
@@ -330,14 +334,6 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
 
 # --- files written before the launch ----------------------------------------------------------------
 
-def write_hostfile(path: Path, hosts: dict[str, int]) -> None:
-    """DeepSpeed's `host slots=N` lines, replaced atomically: with NO_SSH every node may write the same file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
-    tmp.write_text("".join(f"{host} slots={slots}\n" for host, slots in hosts.items()))
-    os.replace(tmp, path)
-
-
 def _forwarded_name(name: str) -> bool:
     return name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES
 
@@ -375,9 +371,8 @@ def write_deepspeed_env(path: Path, variables: dict[str, str]) -> None:
 
 def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target) -> int:
     """Resolved arguments, batch math, ds_config check and memory plan for this world size; 0 when it all fits."""
-
-    from hf_zero3.config.check import check_ds_config, has_errors, load_config
-    from hf_zero3.run.train import UsageError, load_arguments
+    # transformers' TrainingArguments takes seconds to import: a launch that is no dry run never parses the YAML
+    from hf_zero3.run.arguments import UsageError, load_arguments
 
     try:
         values = load_arguments(launch.train_argv)
@@ -411,20 +406,12 @@ def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target
 
 def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, target: Target) -> int:
     """The planner's choice for this world size, then the recipe's own config measured against the same hardware."""
-    from hf_zero3.config.convert import spec_from_ds_config
-    from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
-    from hf_zero3.plan.hardware import detect_hardware
-    from hf_zero3.plan.memory import PlanError, Training, choose, gathers_are_views, gb, persists_every_parameter, plan
-    from hf_zero3.plan.report import print_choice
-    from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_config_shape, load_shape
-    from hf_zero3.run.distributed import cuda_available
-
     sizes = {}
     for name, text in (("GPU_MEM", env.get("GPU_MEM", "").strip() or target.gpu_mem),
                        ("HOST_RAM", env.get("HOST_RAM", "").strip())):
         try:
-            sizes[name] = parse_size(text) if text else None
-        except argparse.ArgumentTypeError as e:
+            sizes[name] = units.parse_size(text) if text else None
+        except ValueError as e:
             print(f"error: {name}={text}: {e}", file=sys.stderr)
             return 2
     try:
@@ -460,12 +447,8 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
           + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "") + "\n")
     print_choice(shape, hardware, seq, best_choice)
     rc = 0 if best_choice.fits else 1
-    fields = spec_from_ds_config(config)[0].model_dump(exclude_unset=True)
-    offload = facts.activation_offload if values.get("activation_offload") is not None \
-        else fields.get("activation_offload", False)
-    spec = ZeroSpec(**{**fields, "precision": facts.precision, **facts.checkpointing(offload),
-                       "activation_offload": offload})
-    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger), spec)
+    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger),
+                facts.spec(config))
     best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
     same = best is not None and best.label == ours.label
@@ -485,15 +468,9 @@ def _with_profile_and_nvme(hardware, config: dict, target: Target, headroom: flo
     """The target profile's fixed terms, its host RAM and NVMe size (when its GPU count is the one launched and
     HOST_RAM is not given), the config's NVMe directory (its free space here if it exists, else the profile's,
     else unknown) and the headroom to leave free."""
-    import dataclasses
-
     hardware = dataclasses.replace(hardware, headroom=headroom)
-    from hf_zero3.plan.profiles import PROFILES
-
     machine = PROFILES.get(target.profile or "")
     if machine is not None:  # the GPU type's fixed terms hold for any number of its GPUs
-        from hf_zero3.plan.profiles import FIXED_TERMS
-
         hardware = dataclasses.replace(hardware, fixed=FIXED_TERMS[machine.gpu])
     if machine is not None and machine.gpus != hardware.gpus_per_node:
         machine = None  # e.g. 2 nodes x 4 GPUs: not the profile's node

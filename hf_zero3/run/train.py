@@ -8,224 +8,59 @@ the weights while they load. No training loop of our own: `transformers.Trainer`
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
-import re
 import shutil
 import sys
 import time
-import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import transformers
-import yaml
-
+from hf_zero3.callbacks import (
+    DeepSpeedTimersCallback,
+    HubPushCallback,
+    NvmeResumeCallback,
+    default_callbacks,
+    install_callbacks,
+)
+from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
+from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
+from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.checkpoint.export import generation_ready
+from hf_zero3.checkpoint.lifecycle import (
+    CheckpointError,
+    newest_complete,
+    resume_step,
+    rotate,
+    verify_complete,
+    weights_gathered,
+    write_finished,
+)
+from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
+from hf_zero3.plan.hardware import gpu_name
+from hf_zero3.run import activation_offload
+from hf_zero3.run.arguments import (
+    ArgumentParser,
+    ModelArguments,
+    TrainingArguments,
+    UsageError,
+    load_arguments,
+)
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
+    gather_from_ranks,
     is_world_process_zero,
     launched_world_size,
     prepare_process_group,
     process_group_released,
 )
-from hf_zero3.run.facts import RunFacts
-
-
-class UsageError(ValueError):
-    """Bad command-line or YAML input; the message names the fix."""
-
-
-class ArgumentParser(transformers.HfArgumentParser):
-    """HfArgumentParser whose ValueErrors (an unknown eval_strategy, TrainingArguments' own consistency checks such
-    as fp16 with bf16) are usage errors: exit 2 with the message, not a traceback."""
-
-    def parse_dict(self, *args, **kwargs):
-        try:
-            return super().parse_dict(*args, **kwargs)
-        except ValueError as e:
-            raise UsageError(f"bad arguments: {e}") from e
-
-
-@dataclass
-class ModelArguments:
-    """Which model to train: pretrained weights (`model_name_or_path`) or a config to start from scratch."""
-
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Local folder or hub id of pretrained weights (from_pretrained)."})
-    config_name: str | None = field(
-        default=None, metadata={"help": "Local folder or hub id of a config to train from scratch (from_config)."})
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder or hub id; default: the model's or config's."})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "Comma-separated config changes, e.g. 'num_hidden_layers=2,hidden_size=64'."})
-    dtype: str | None = field(
-        default=None, metadata={"help": "dtype to load weights in (bfloat16, float16, float32); default: the config's."})
-    attn_implementation: str | None = field(
-        default=None, metadata={"help": "Attention kernel: sdpa, eager, flash_attention_2."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
-
-
-@dataclass
-class TrainingArguments(transformers.TrainingArguments):
-    """The stock TrainingArguments plus what transformers 5 dropped and we need."""
-
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Train into an output_dir that already holds a run (its files are "
-                                          "overwritten). Without it such a dir is refused."})
-    save_final_model: bool = field(
-        default=True, metadata={"help": "Save the final model to output_dir after training. `hf-zero3 bench` turns "
-                                        "it off: its scratch runs measure steps, and an 8B save takes tens of seconds."})
-    stop_after_nonfinite_steps: int = field(
-        default=3, metadata={"help": "Stop training, naming the newest complete checkpoint, after this many optimizer "
-                                     "steps in a row with a NaN/inf loss or gradients (0: never stop; saves are "
-                                     "skipped on such steps either way)."})
-    activation_offload: bool | None = field(
-        default=None, metadata={"help": "Keep the activations the decoder saves for backward in pinned host memory, "
-                                         "copied back ahead of use on side CUDA streams (with gradient_checkpointing: "
-                                         "the checkpointed layer inputs). Also on when the ds_config says "
-                                         "activation_checkpointing.cpu_checkpointing: true, unless this says false. "
-                                         "See hf_zero3/run/activation_offload.py."})
-    gradient_checkpointing_layers: int | None = field(
-        default=None, metadata={"help": "With gradient_checkpointing: checkpoint only the first N decoder layers; the "
-                                         "others keep their activations and skip their recompute (more memory, "
-                                         "faster). Default: all layers. See "
-                                         "hf_zero3/callbacks/partial_checkpointing.py."})
-    peak_tflops: float | None = field(
-        default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
-                                        "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
-    hub_license: str | None = field(
-        default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
-                                        "llama3.1 (the base model's); default: other."})
-
-
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def _type_words(annotation: Any) -> set[str]:
-    """The type names in a field annotation, e.g. {'dict', 'str', 'None'} for `dict | str | None`."""
-    return set(re.findall(r"[A-Za-z]+", annotation if isinstance(annotation, str) else str(annotation)))
-
-
-def _coerce(value: Any, annotation: Any, name: str) -> Any:
-    """Give a YAML or command-line value its field's type.
-
-    Command-line values arrive as text; PyYAML reads `2e-5` as a string and `no` as False (YAML 1.1),
-    which breaks `eval_strategy: no`. `null` means None for optional fields.
-    """
-    words = _type_words(annotation)
-    if isinstance(value, bool) and "bool" not in words and any(w.endswith("Strategy") for w in words):
-        return "yes" if value else "no"  # eval_strategy: no
-    if not isinstance(value, str):
-        return value
-    low = value.strip().lower()
-    if low in ("null", "~") and words & {"None", "NoneType", "Optional"}:
-        return None
-    if "bool" in words and "str" not in words:
-        if low in _TRUE + _FALSE:
-            return low in _TRUE
-        raise ValueError(f"{name} takes true or false, not {value!r}")
-    if "bool" in words and low in ("true", "false"):  # str | bool fields (include_num_input_tokens_seen)
-        return low == "true"
-    if "str" not in words:
-        number = float if "float" in words else int if "int" in words else None
-        if number is not None:
-            try:
-                return number(value)
-            except ValueError:
-                raise ValueError(f"{name} takes a number, not {value!r}") from None
-    if words & {"dict", "list"} and low.startswith(("{", "[")):
-        try:
-            return json.loads(value)  # JSON reads 1e-5 as a number; YAML 1.1 would keep it a string
-        except json.JSONDecodeError:
-            return yaml.safe_load(value)
-    return value
-
-
-def _parse_overrides(argv: list[str]) -> dict[str, Any]:
-    """`--key value`, `--key=value` and bare `--flag` (= true), values kept as text for `_coerce`."""
-    overrides: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise UsageError(f"unexpected argument {arg!r}: overrides are --key value pairs")
-        key = arg[2:]
-        if "=" in key:
-            key, text = key.split("=", 1)
-            i += 1
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            text = argv[i + 1]
-            i += 2
-        else:
-            text = "true"
-            i += 1
-        overrides[key.replace("-", "_")] = text  # --max-steps is --max_steps; values keep their dashes
-    return overrides
-
-
-def _strip_local_rank(argv: list[str]) -> list[str]:
-    """The DeepSpeed launcher prepends --local_rank=N; the same number is in $LOCAL_RANK."""
-    kept, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-        elif arg.startswith(("--local_rank=", "--local-rank=")):
-            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
-        elif arg in ("--local_rank", "--local-rank"):
-            os.environ.setdefault("LOCAL_RANK", argv[i + 1])
-            skip = True
-        else:
-            kept.append(arg)
-    return kept
-
-
-def load_arguments(argv: list[str]) -> dict[str, Any]:
-    """YAML file (first argument, optional) with CLI overrides on top, as one dict; unknown keys rejected."""
-    values: dict[str, Any] = {}
-    argv = _strip_local_rank(argv)
-    if argv and not argv[0].startswith("--"):
-        path = Path(argv[0])
-        if not path.is_file():
-            raise UsageError(f"config file {path} not found: pass a YAML of training arguments (see recipes/*/)")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except OSError as e:
-            raise UsageError(f"config file {path} cannot be read ({e.strerror}): fix its permissions") from e
-        except UnicodeDecodeError as e:
-            raise UsageError(f"config file {path} is not text (byte {e.start} is not UTF-8): pass a YAML file") from e
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-            raise UsageError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}. Fix the YAML there "
-                             "(one `name: value` per line, spaces not tabs)") from e
-        if not isinstance(loaded, dict):
-            raise UsageError(f"{path} must be a YAML mapping of argument: value")
-        values.update(loaded)
-        deepspeed = values.get("deepspeed")
-        if isinstance(deepspeed, str) and not os.path.isabs(deepspeed) and (path.parent / deepspeed).is_file():
-            values["deepspeed"] = str(path.parent / deepspeed)  # a copied recipe folder keeps its own config
-        argv = argv[1:]
-    values.update(_parse_overrides(argv))
-    # Types from the annotations: HfArgumentParser rewrites dataclass fields' `.type` (dict | str | None -> str).
-    known = {f.name: typing.get_type_hints(cls)[f.name] for cls in (ModelArguments, DataArguments, TrainingArguments)
-             for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in values if k not in known]
-    if unknown:
-        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, known, n=1)) else k
-                 for k in unknown]
-        raise UsageError(f"unknown argument(s): {', '.join(hints)}. Fix the spelling or remove them; "
-                         "`hf-zero3 train --help` lists the arguments")
-    try:
-        return {k: _coerce(v, known[k], k) for k, v in values.items()}
-    except ValueError as e:
-        raise UsageError(f"bad value: {e}") from e
-
+from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.run.oom import oom_advice_for_run, oom_kind
+from hf_zero3.run.plots import plot_train_log
 
 FINISHED = "finished"
 """`_start_point`'s answer when output_dir already holds this run, finished: nothing to train."""
@@ -245,9 +80,6 @@ def _barrier() -> None:
 def _verify_on_all_ranks(folder: Path) -> list[str]:
     """Checksums of a marked checkpoint, each rank its share (all ranks call this in the same order)."""
     import torch.distributed as dist
-
-    from hf_zero3.callbacks._gather import gather_from_ranks
-    from hf_zero3.checkpoint.lifecycle import verify_complete
 
     on = dist.is_available() and dist.is_initialized()
     mine = verify_complete(folder, dist.get_rank() if on else 0, dist.get_world_size() if on else 1)
@@ -269,8 +101,6 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
     Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
     output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
     the checkpoint with them."""
-    from hf_zero3.checkpoint.lifecycle import resume_step, rotate, write_finished
-
     if is_world_process_zero():
         for path in sorted(checkpoint.iterdir()):
             if path.is_file() and not path.name.startswith(_CHECKPOINT_INTERNALS):
@@ -297,8 +127,6 @@ def _start_point(args) -> str | None:
     checkpoint that verifies, and say "already finished" when the run is done. Only our own unfinished saves are
     deleted; everything else is left in place and named (hf_zero3.checkpoint.lifecycle, docs/checkpoints.md).
     """
-    from hf_zero3.checkpoint import lifecycle as ckpt
-
     output_dir, resume = Path(args.output_dir), args.resume_from_checkpoint
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"output_dir {output_dir} is a file, not a folder: choose another output_dir")
@@ -383,8 +211,6 @@ def _start_point(args) -> str | None:
 def _claim(output_dir: str) -> None:
     """Rank 0 records that a run owns output_dir (so its unfinished saves can be told from anyone else's) and
     that it is not finished; the other ranks wait for it."""
-    from hf_zero3.checkpoint import lifecycle as ckpt
-
     _barrier()  # every rank has looked at output_dir before rank 0 writes into it
     if is_world_process_zero():
         ckpt.claim_output_dir(output_dir)
@@ -498,8 +324,6 @@ def training_values(values: dict[str, Any]) -> dict[str, Any]:
 def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
     """`hf-zero3 config check` on the ds_config with these TrainingArguments and this world size; warnings are
     printed (rank 0), errors returned."""
-    from hf_zero3.config.check import check_ds_config, load_config
-
     source = values.get("deepspeed")
     if not source:
         return []
@@ -561,6 +385,7 @@ def _packing_problems(values: dict[str, Any]) -> list[str]:
     """Packed chat or prompt/completion data on a model whose attention would mix the examples of a block."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # datasets takes a second to import: `train --help` and argument errors come back without it
     from hf_zero3.data.collate import packing_problem
 
     try:
@@ -576,7 +401,7 @@ def _packing_problems(values: dict[str, Any]) -> list[str]:
 def _data_problems(values: dict[str, Any], with_tokenizer: bool) -> tuple[list[str], set[str]]:
     """hf_zero3.data's checks of the data files, their formats and rows, and (`with_tokenizer`: the model's inputs
     are sound) the chat template on a sample; and the formats found."""
-    from hf_zero3.data.build import data_problems
+    from hf_zero3.data.build import data_problems  # as in _packing_problems
 
     def load_tokenizer():
         from transformers import AutoTokenizer
@@ -595,7 +420,7 @@ def _batching(prepared, model, tokenizer) -> dict[str, Any]:
     would let packed examples attend to each other."""
     from transformers import default_data_collator
 
-    from hf_zero3.data import build, collate, metrics
+    from hf_zero3.data import build, collate, metrics  # as in _packing_problems
 
     extra = {"compute_metrics": metrics.token_accuracy, "preprocess_logits_for_metrics": metrics.predicted_tokens}
     if prepared.layout == build.BLOCKS:
@@ -620,8 +445,6 @@ def _banner(trainer) -> str:
 
 def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
-    from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
-
     kind = oom_kind(error)
     if kind is None:
         return
@@ -634,19 +457,17 @@ def _explain_oom(error: BaseException, model_config, training_args, seq_len: int
 
 
 def _maybe_offload_activations(model, training_args) -> None:
-    """Activation offload when asked by `activation_offload` or by the ds_config's `cpu_checkpointing`; the
-    TrainingArguments field is set either way, so run_config.json records what ran."""
-    from hf_zero3.run import activation_offload
-
-    ds = training_args.hf_deepspeed_config.config if training_args.deepspeed else None
-    by_ds = activation_offload.requested_by_ds_config(ds)
+    """Activation offload when asked by `activation_offload` or by the ds_config's `cpu_checkpointing`
+    (`run.facts.activation_offload_of`, which the OOM advice and the launcher's plan ask too); the TrainingArguments
+    field is set either way, so run_config.json records what ran."""
+    ds = ds_config_of(training_args)
+    by_ds = activation_offload_of(None, ds)
     if training_args.activation_offload is False and by_ds and is_world_process_zero():
         print("hf_zero3: activation offload off (activation_offload: false), although the ds_config's "
               "activation_checkpointing.cpu_checkpointing asks for it", flush=True)
-    if training_args.activation_offload is False or not (training_args.activation_offload or by_ds):
-        training_args.activation_offload = False
+    training_args.activation_offload = activation_offload_of(training_args.activation_offload, ds)
+    if not training_args.activation_offload:
         return
-    training_args.activation_offload = True
     activation_offload.enable(model)
     if is_world_process_zero():
         why = "ds_config activation_checkpointing.cpu_checkpointing" if by_ds else "activation_offload"
@@ -660,8 +481,6 @@ def _partial_checkpointing(model, training_args) -> list:
     model's layer count before anything starts; none when the option is unset."""
     if training_args.gradient_checkpointing_layers is None:
         return []
-    from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
-
     checked_layers(model, training_args.gradient_checkpointing_layers)
     return [PartialCheckpointingCallback(training_args.gradient_checkpointing_layers)]
 
@@ -681,9 +500,6 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
 
 def _plot_line(out: Path, model_args, training_args) -> str:
     """train_log.png next to train_log.jsonl (loss, throughput, memory per step); the line that says where."""
-    from hf_zero3.ops.plots import plot_train_log
-    from hf_zero3.plan.hardware import gpu_name
-
     model = Path(model_args.model_name_or_path or model_args.config_name or "model").name
     return plot_train_log(out, f"{model} ({out.name}): {training_args.world_size} x {gpu_name() or 'CPU'}")
 
@@ -699,22 +515,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
             values["use_liger_kernel"] = False
     check_inputs(values, device="cpu" if on_cpu else "cuda")
 
-    # Imported once the inputs are known good: the Trainer and the callbacks take seconds to import.
+    # Imported once the inputs are known good: the Trainer takes seconds to import.
     from transformers import Trainer, set_seed
 
-    from hf_zero3.callbacks import (
-        DeepSpeedTimersCallback,
-        HubPushCallback,
-        NvmeResumeCallback,
-        default_callbacks,
-        install_callbacks,
-    )
-    from hf_zero3.checkpoint.lifecycle import (
-        CheckpointError,
-        newest_complete,
-        weights_gathered,
-        write_finished,
-    )
     from hf_zero3.data.build import build_datasets
 
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
@@ -768,8 +571,6 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if training_args.save_final_model:
         trainer.save_model()
         if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
-            from hf_zero3.checkpoint.export import generation_ready
-
             generation_ready(Path(training_args.output_dir))
     trainer.save_state()
     if prepared.eval is not None:
@@ -819,9 +620,6 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         print("usage: hf-zero3 train [CONFIG.yaml] [--key value ...]\n")
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
-    from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
-    from hf_zero3.checkpoint.lifecycle import CheckpointError
-
     try:
         with process_group_released(UsageError, DataError, LaunchError):
             run(argv, extra_callbacks)

@@ -37,14 +37,14 @@ def test_the_ladder_matches_ddp_and_records_memory(tmp_path):
         records = [json.loads(line) for line in (out / "rungs" / f"{name}.jsonl").read_text().splitlines()]
         steps = [r for r in records if "loss" in r]
         assert [r["step"] for r in steps] == list(range(1, STEPS + 1)), name
-        assert all(r["grad_norm"] > 0 and r["host_rss_gb"] > 0 for r in steps), name  # memory at every step
+        assert all(r["grad_norm"] > 0 and r["host_rss_gib"] > 0 for r in steps), name  # memory at every step
         assert any("eval_loss" in r for r in records), name  # held-out loss at the end
         return [r["loss"] for r in steps]
 
     reference = losses("ddp")
     assert reference[-1] < reference[0] - 0.5, reference  # it learns: parity of a flat curve would prove little
     for name, summary in ran.items():
-        assert summary["host_rss_gb"] > 0 and summary["eval_perplexity"] > 1, (name, summary)
+        assert summary["host_rss_gib"] > 0 and summary["eval_perplexity"] > 1, (name, summary)
         ours = losses(name)
         worst = max(abs(a - b) for a, b in zip(ours, reference))
         assert worst < 1e-4, (name, worst, list(zip(ours, reference)))

@@ -30,7 +30,7 @@ def test_launcher_run_exits_zero_with_zero3_on_two_ranks(launcher_run):
 
 
 def test_the_start_up_estimate_of_a_checkpoint_is_within_5_percent_of_the_real_one(launcher_run):
-    """The disk check before the first save rests on this estimate (hf_zero3/checkpoint/space.py)."""
+    """The disk check before the first save rests on this estimate (hf_zero3/plan/saves.py)."""
     import re
 
     from hf_zero3.checkpoint import lifecycle as ckpt
@@ -79,16 +79,16 @@ def test_every_logging_step_carries_memory_and_throughput(launcher_run):
     steps = [r for r in train_log(out) if "loss" in r]
     assert [r["step"] for r in steps] == list(range(10, 101, 10))
     for r in steps:
-        assert r["host_rss_gb"] > 0.1 and r["host_available_gb"] > 0 and r["host_peak_rss_gb"] >= r["host_rss_gb"]
+        assert r["host_rss_gib"] > 0.1 and r["host_available_gib"] > 0 and r["host_peak_rss_gib"] >= r["host_rss_gib"]
         assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / 2, rel=1e-3)
         assert r["step_time_s"] > 0 and r["tflops_per_gpu"] > 0
         assert "mfu" not in r  # no GPU peak on CPU
         assert r["tokens_seen"] == r["step"] * 8 * 2 * 128  # micro x ranks x block size, every step
     rows = [json.loads(line) for line in (out / "memory.jsonl").read_text().splitlines()]
     assert [(r["step"], r["rank"]) for r in rows] == [(s, k) for s in range(10, 101, 10) for k in (0, 1)]
-    assert all(r["host_rss_gb"] > 0.1 for r in rows)
+    assert all(r["host_rss_gib"] > 0.1 for r in rows)
     state = json.loads((out / "trainer_state.json").read_text())
-    assert any("host_rss_gb" in r for r in state["log_history"])  # what report_to integrations see too
+    assert any("host_rss_gib" in r for r in state["log_history"])  # what report_to integrations see too
 
 
 def test_torchrun_launches_the_same_entry_point(tmp_path):

@@ -89,15 +89,19 @@ def test_the_decoder_is_the_base_model(tiny):
     assert ao.decoder_of(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear
 
 
-def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true():
-    assert ao.requested_by_ds_config({"activation_checkpointing": {"cpu_checkpointing": True}})
-    assert not ao.requested_by_ds_config({"activation_checkpointing": {"partition_activations": True}})
-    assert not ao.requested_by_ds_config({"activation_checkpointing": {"cpu_checkpointing": "true"}})
-    assert not ao.requested_by_ds_config(None)
+def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true_and_the_argument_is_unset():
+    from hf_zero3.run.facts import activation_offload_of
+
+    asks = {"activation_checkpointing": {"cpu_checkpointing": True}}
+    assert activation_offload_of(None, asks) and not activation_offload_of(False, asks)
+    assert not activation_offload_of(None, {"activation_checkpointing": {"partition_activations": True}})
+    assert not activation_offload_of(None, {"activation_checkpointing": {"cpu_checkpointing": "true"}})
+    assert not activation_offload_of(None, None) and activation_offload_of(True, None)
 
 
 def test_train_switches_it_on_from_the_training_argument(tiny, tmp_path, capsys):
-    from hf_zero3.run.train import TrainingArguments, _maybe_offload_activations
+    from hf_zero3.run.arguments import TrainingArguments
+    from hf_zero3.run.train import _maybe_offload_activations
 
     m = copy.deepcopy(tiny)
     _maybe_offload_activations(m, TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))

@@ -52,14 +52,14 @@ def test_other_recipe_folders_run_with_their_own_yaml_and_config(tmp_path):
 
 def _run(tokens: float, peak: float) -> dict:
     return {"tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tokens / 20, "mfu": tokens / 20000, "step_time_s": 1.0,
-            "ds_fwd_ms": None, "ds_bwd_ms": None, "ds_step_ms": None, "gpu_peak_allocated_gb": peak,
-            "gpu_peak_reserved_gb": peak + 1, "host_rss_gb": 2.0, "final_loss": 11.0, "steps_measured": 4}
+            "ds_fwd_ms": None, "ds_bwd_ms": None, "ds_step_ms": None, "gpu_peak_allocated_gib": peak,
+            "gpu_peak_reserved_gib": peak + 1, "host_rss_gib": 2.0, "final_loss": 11.0, "steps_measured": 4}
 
 
 def test_repeats_report_medians_spread_and_each_run():
     ours = aggregate([_run(10000, 110), _run(9000, 112), _run(10400, 111)])
     stock = aggregate([_run(8000, 120), {"error": "exit 1: OOM"}, _run(7000, 121)])
-    assert ours["tokens_per_s_per_gpu"] == 10000 and ours["gpu_peak_allocated_gb"] == 112
+    assert ours["tokens_per_s_per_gpu"] == 10000 and ours["gpu_peak_allocated_gib"] == 112
     assert stock["tokens_per_s_per_gpu"] == 7500  # median of the two that ran
     meta = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096,
             "global_batch": 12, "steps": 4, "warmup": 2, "repeats": 3, "commands": ["hf-zero3 bench 8b"], "configs": {}}

@@ -89,6 +89,6 @@ def test_the_seed_claims_gpu_report_and_its_readme_rows_come_from_its_rungs():
         "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
     section = (ROOT / "benchmarks/README.md").read_text().split("## Issue 17")[1]
     rows = re.findall(r"\| ([\d.]+) \|\s*(?:[+-]\d+%)?\s*\| ([\d,]+) \|\s*(?:[\d.]+x)?\s*\| (\d+) \|", section)
-    shown = {(f"{s['gpu_peak_allocated_gb']:.2f}", f"{s['tokens_per_s_per_gpu']:,.0f}", str(s["steps"]))
+    shown = {(f"{s['gpu_peak_allocated_gib']:.2f}", f"{s['tokens_per_s_per_gpu']:,.0f}", str(s["steps"]))
              for n, s in summaries.items() if n != "ddp_seed2"}
     assert len(rows) == 5 and set(rows) == shown

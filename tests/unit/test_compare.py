@@ -70,8 +70,8 @@ def test_report_gives_memory_and_speed_against_ddp_and_names_skips():
 
     meta = {"label": "x", "overrides": ["--bf16", "true"], "init_sha256": "a" * 64}
     summaries = {
-        "ddp": {**meta, "gpu_peak_allocated_gb": 40.0, "gpu_peak_reserved_gb": 44.0, "tokens_per_s_per_gpu": 1000.0},
-        "zero3": {**meta, "gpu_peak_allocated_gb": 12.0, "gpu_peak_reserved_gb": 14.0, "tokens_per_s_per_gpu": 800.0},
+        "ddp": {**meta, "gpu_peak_allocated_gib": 40.0, "gpu_peak_reserved_gib": 44.0, "tokens_per_s_per_gpu": 1000.0},
+        "zero3": {**meta, "gpu_peak_allocated_gib": 12.0, "gpu_peak_reserved_gib": 14.0, "tokens_per_s_per_gpu": 800.0},
         "zero3_ckpt_nvme": {**meta, "skipped": "no libaio"},
     }
     records = {"ddp": [{"step": 1, "loss": 5.0}], "zero3": [{"step": 1, "loss": 5.25}], "zero3_ckpt_nvme": []}
@@ -89,8 +89,8 @@ def test_a_rung_with_fewer_steps_says_so_and_its_deviation_covers_only_those():
     from hf_zero3.ops.compare import render_report
 
     meta = {"label": "x", "init_sha256": "a" * 64}
-    summaries = {"ddp": {**meta, "steps": 3, "gpu_peak_allocated_gb": 40.0, "tokens_per_s_per_gpu": 1000.0},
-                 "zero3_ckpt_nvme": {**meta, "steps": 1, "gpu_peak_allocated_gb": 8.0, "tokens_per_s_per_gpu": 50.0}}
+    summaries = {"ddp": {**meta, "steps": 3, "gpu_peak_allocated_gib": 40.0, "tokens_per_s_per_gpu": 1000.0},
+                 "zero3_ckpt_nvme": {**meta, "steps": 1, "gpu_peak_allocated_gib": 8.0, "tokens_per_s_per_gpu": 50.0}}
     records = {"ddp": [{"step": s, "loss": 5.0} for s in (1, 2, 3)], "zero3_ckpt_nvme": [{"step": 1, "loss": 5.5}]}
     row = next(line for line in render_report(summaries, records).splitlines() if "zero3_ckpt_nvme" in line)
     assert row.startswith("| zero3_ckpt_nvme (1 steps: Δloss over those) |") and "5.0e-01" in row
@@ -128,10 +128,10 @@ def test_a_rung_stopped_partway_shows_its_steps_against_the_same_steps_of_the_se
     from hf_zero3.ops.compare import render_report
 
     meta = {"label": "x", "init_sha256": "a" * 64}
-    full = {"steps": 10, "schedule_steps": 10, "gpu_peak_allocated_gb": 40.0, "tokens_per_s_per_gpu": 1000.0}
+    full = {"steps": 10, "schedule_steps": 10, "gpu_peak_allocated_gib": 40.0, "tokens_per_s_per_gpu": 1000.0}
     summaries = {"ddp": {**meta, **full}, "ddp_seed2": {**meta, **full},
-                 "zero3": {**meta, **full, "steps": 4, "gpu_peak_allocated_gb": 38.0},
-                 "zero3_ckpt_offload_opt": {**meta, "steps": 2, "gpu_peak_allocated_gb": 4.0,
+                 "zero3": {**meta, **full, "steps": 4, "gpu_peak_allocated_gib": 38.0},
+                 "zero3_ckpt_offload_opt": {**meta, "steps": 2, "gpu_peak_allocated_gib": 4.0,
                                             "tokens_per_s_per_gpu": 100.0, "command": "torchrun x --max_steps 10",
                                             "error": "exit 124: stopped by --run-timeout (9 s)"},
                  "zero3_ckpt": {**meta, "steps": 0, "schedule_steps": 10, "error": "exit 1: error: CUDA OOM"}}

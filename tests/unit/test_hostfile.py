@@ -6,6 +6,7 @@ import pytest
 from deepspeed.launcher.runner import fetch_hostfile
 
 from hf_zero3.ops import doctor
+from hf_zero3.run import hostfile
 from hf_zero3.run.launch import LaunchError, Target, resolve
 from tests.conftest import ROOT
 
@@ -54,18 +55,18 @@ def test_verdict_and_slots_are_deepspeeds(tmp_path, content, expected):
     path.write_bytes(content)
     theirs = verdict(fetch_hostfile, path)
     assert theirs == (expected if isinstance(expected, dict) else REFUSED)  # the table says what DeepSpeed does
-    assert verdict(doctor.read_hostfile, path) == theirs
+    assert verdict(hostfile.read_hostfile, path) == theirs
     if not isinstance(expected, dict):
-        with pytest.raises(doctor.HostfileError) as err:
-            doctor.read_hostfile(path)
+        with pytest.raises(hostfile.HostfileError) as err:
+            hostfile.read_hostfile(path)
         assert str(path) in str(err.value)
         if isinstance(expected, int):
             assert f"{path}:{expected}: " in str(err.value)
 
 
 def test_errors_name_every_bad_line_and_its_fix():
-    with pytest.raises(doctor.HostfileError) as err:
-        doctor.parse_hostfile("a slots=2\nlocalhost slots = 2\nc\na slots=1\nd 4\n", "hf")
+    with pytest.raises(hostfile.HostfileError) as err:
+        hostfile.parse_hostfile("a slots=2\nlocalhost slots = 2\nc\na slots=1\nd 4\n", "hf")
     message = str(err.value)
     for expected in (("hf:2: 'localhost slots = 2' is not `hostname slots=N`: write `localhost slots=2` "
                       "(DeepSpeed takes no spaces around =)"),
@@ -73,14 +74,14 @@ def test_errors_name_every_bad_line_and_its_fix():
                      "hf:4: host a is listed twice: keep one line per host",
                      "hf:5: 'd 4' is not `hostname slots=N`: write `hostname slots=N`"):
         assert expected in message
-    with pytest.raises(doctor.HostfileError, match="no hosts: add one line `hostname slots=N` per node"):
-        doctor.parse_hostfile("# empty\n", "hf")
+    with pytest.raises(hostfile.HostfileError, match="no hosts: add one line `hostname slots=N` per node"):
+        hostfile.parse_hostfile("# empty\n", "hf")
 
 
 def test_unreadable_hostfile_names_the_file(tmp_path):
     for path, reason in ((tmp_path / "missing", "No such file or directory"), (tmp_path, "Is a directory")):
-        with pytest.raises(doctor.HostfileError, match=f"cannot read hostfile {path}: {reason}"):
-            doctor.read_hostfile(path)
+        with pytest.raises(hostfile.HostfileError, match=f"cannot read hostfile {path}: {reason}"):
+            hostfile.read_hostfile(path)
 
 
 def test_zero_slots_is_a_doctor_warning(tmp_path):

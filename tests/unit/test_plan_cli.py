@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from hf_zero3 import units
 from hf_zero3.argtypes import parse_size
 from hf_zero3.cli import main
 from hf_zero3.config.check import check_ds_config, has_errors
@@ -23,6 +24,11 @@ def test_parse_size(text, expected):
 
 @pytest.mark.parametrize("text", ["40", "forty GB", "40XB", "", "-1GB"])
 def test_parse_size_rejects_with_examples(text):
+    """The grammar (hf_zero3.units) raises a ValueError any layer can catch; the command lines' type turns it into
+    argparse's error, with the same words."""
+    with pytest.raises(ValueError, match=r"give a number with a unit, e.g. 40GB") as grammar:
+        units.parse_size(text)
+    assert not isinstance(grammar.value, argparse.ArgumentTypeError)
     with pytest.raises(argparse.ArgumentTypeError, match=r"give a number with a unit, e.g. 40GB"):
         parse_size(text)
 

@@ -15,7 +15,7 @@ from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 from hf_zero3.plan import memory as planner
-from hf_zero3.plan import oom
+from hf_zero3.run import oom
 from hf_zero3.plan.hardware import detect_hardware
 from hf_zero3.plan.memory import (
     GB,
@@ -27,7 +27,7 @@ from hf_zero3.plan.memory import (
     oom_advice,
     plan,
 )
-from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
+from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.plan.shapes import load_shape
 
 S7, S70 = load_shape("7b"), load_shape("70b")

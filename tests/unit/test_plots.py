@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from hf_zero3.ops.plots import plot_train_log, runs_figure
+from hf_zero3.run.plots import plot_train_log, runs_figure
 
 
 def _records(base, repeat=1):
     return [{"repeat": repeat, "step": s, "loss": 5.0 - 0.1 * s, "tokens_per_s_per_gpu": base + s,
-             "gpu_peak_allocated_gb": 40.0} for s in range(1, 14)]
+             "gpu_peak_allocated_gib": 40.0} for s in range(1, 14)]
 
 
 def test_bench_figure_has_title_warmup_integer_steps_worded_axes_and_a_loss_panel():

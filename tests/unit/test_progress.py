@@ -11,7 +11,7 @@ import types
 from tqdm import tqdm
 
 from hf_zero3.callbacks import MemoryCallback
-from hf_zero3.ops.bench import _follow, progress_line
+from hf_zero3.ops.bench import follow_run, progress_line
 
 
 def test_the_memory_line_does_not_cut_the_trainers_progress_bar(monkeypatch, tmp_path):
@@ -38,7 +38,7 @@ def test_bench_off_a_terminal_prints_a_line_per_tenth_with_the_eta(tmp_path, cap
               "    time.sleep(0.12)\n"
               "time.sleep(2.5)\n")  # the run goes on after its last step (saving, exiting): no more lines
     proc = subprocess.Popen([sys.executable, "-c", writer, str(log)])
-    assert _follow(proc, log, 20, "[1/1] ours run 1") == 0
+    assert follow_run(proc, log, 20, "[1/1] ours run 1") == 0
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[1/1] ours run 1: step")]
     assert 2 <= len(lines) <= 10 and len(set(lines)) == len(lines), lines  # stderr is not a terminal under pytest: lines, no bar
     assert all(" s, ETA " in line for line in lines) and lines[-1].startswith("[1/1] ours run 1: step 20/20"), lines
@@ -59,10 +59,10 @@ def test_a_run_past_the_limit_fails_unless_all_its_steps_are_logged(tmp_path, ca
     """--run-timeout stops both; the one that hangs on its way out after its last step has measured everything."""
     finished, hung = tmp_path / "finished.jsonl", tmp_path / "hung.jsonl"
     exiting = subprocess.Popen([sys.executable, "-c", _writer(4, 60), str(finished)])
-    assert _follow(exiting, finished, 4, "exiting", limit=4) == 0
+    assert follow_run(exiting, finished, 4, "exiting", limit=4) == 0
     assert exiting.poll() is not None  # stopped all the same
     short = subprocess.Popen([sys.executable, "-c", _writer(3, 60), str(hung)])
-    assert _follow(short, hung, 4, "short", limit=4) == 124
+    assert follow_run(short, hung, 4, "short", limit=4) == 124
     assert short.poll() is not None
     err = capfd.readouterr().err
     assert "exiting: all 4 steps logged; stopped while exiting" in err and "short: stopped after 4 s" in err
@@ -76,7 +76,7 @@ def test_stop_at_ends_a_run_after_that_many_steps_and_counts_it(tmp_path, capfd)
               "    with open(sys.argv[1], 'a') as f: f.write(json.dumps({'step': step, 'loss': 1.0}) + '\\n')\n"
               "    time.sleep(0.05)\n")
     proc = subprocess.Popen([sys.executable, "-c", writer, str(log)])
-    assert _follow(proc, log, 1000, "long", limit=60, stop_at=5) == 0
+    assert follow_run(proc, log, 1000, "long", limit=60, stop_at=5) == 0
     assert proc.poll() is not None  # stopped, long before its 1000 steps
     logged = sum(1 for line in log.read_text().splitlines() if '"loss"' in line)
     import re

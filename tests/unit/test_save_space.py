@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.checkpoint.space import SaveSize, moment_bytes, save_size
+from hf_zero3.plan.saves import SaveSize, moment_bytes, save_size
 
 ZERO3_SHARDS = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}}
 ZERO3 = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import shutil
@@ -11,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.run.train import load_arguments, main
+from hf_zero3.run.arguments import load_arguments
+from hf_zero3.run.train import main
 from tests.conftest import ROOT, TINY_YAML
 
 pytestmark = pytest.mark.usefixtures("single_rank_env")

@@ -1,4 +1,5 @@
-"""How many bytes a save writes, estimated from the model before the first save.
+"""How many bytes a save writes, estimated from the model before the first save: pure arithmetic, as the memory
+model is, asked by the checkpoint guard's disk check when training starts and by `hf-zero3 plan`'s saves line.
 
 Why: the guard's check before each save compares the disk with the newest complete checkpoint, so the first save
 had nothing to compare with. A disk too small for it failed hours into the run, at the first checkpoint or the

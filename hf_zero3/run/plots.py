@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MEMORY_KEYS = (("gpu_peak_allocated_gb", "peak GPU memory allocated (GiB)"), ("host_rss_gb", "host memory, RSS (GiB)"))
+MEMORY_KEYS = (("gpu_peak_allocated_gib", "peak GPU memory allocated (GiB)"), ("host_rss_gib", "host memory, RSS (GiB)"))
 """The memory panel plots the first of these the records have."""
 
 
