@@ -14,8 +14,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-"""The repository root: recipes and the paths inside their YAMLs are relative to it."""
+PACKAGE = Path(__file__).resolve().parent
+CHECKOUT: Path | None = PACKAGE.parent if (PACKAGE.parent / "setup.cfg").is_file() and (
+    PACKAGE.parent / "recipes").is_dir() else None
+"""The source checkout hf_zero3 runs from (an editable install, PYTHONPATH), or None for an installed wheel."""
+SHIPPED = PACKAGE / "_shipped"
+"""What a wheel carries instead (setup.py copies it in): recipes/, the tiny model under assets/, train.py."""
+ROOT = CHECKOUT or SHIPPED
+"""The root the recipes live under: recipes/, and the paths inside their YAMLs (assets/tiny/model) relative to it.
+The one answer to "where is the repository": the launcher's train.py, the doctor's code hash and the planner's
+shapes ask it."""
 RECIPES_DIR = ROOT / "recipes"
 FILES = ("ds_config.json", "train_args.yaml", "launch.sh", "README.md")
 """A recipe folder holds exactly these."""
@@ -68,10 +76,7 @@ class Recipe:
     def model(self) -> str | None:
         """The model source: pretrained weights first, else the config to start from; a path inside the
         repository is made absolute (the YAML's paths are relative to the repository root)."""
-        source = self.values.get("model_name_or_path") or self.values.get("config_name")
-        if source and not os.path.isabs(source) and (ROOT / source).exists():
-            return str(ROOT / source)
-        return source
+        return resolve_path(self.values.get("model_name_or_path") or self.values.get("config_name"))
 
     @property
     def from_config(self) -> bool:
@@ -92,6 +97,14 @@ class Recipe:
 
     def missing(self) -> list[str]:
         return [name for name in FILES if not (self.folder / name).is_file()]
+
+
+def resolve_path(source: str | None) -> str | None:
+    """A path as the recipes' YAMLs write it (relative to ROOT, e.g. assets/tiny/model) made absolute; anything
+    else (a hub id, an absolute path, a path that is not under ROOT) as it is."""
+    if source and not os.path.isabs(source) and (ROOT / source).exists():
+        return str(ROOT / source)
+    return source
 
 
 def all_recipes() -> list[Recipe]:

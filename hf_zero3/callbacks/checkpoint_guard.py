@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import sys
@@ -14,9 +13,10 @@ from transformers import TrainerCallback
 from hf_zero3 import __version__, recipes
 from hf_zero3.callbacks._console import say
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.plan.hardware import versions
+from hf_zero3.plan.hardware import gpu_name, versions
 from hf_zero3.plan.saves import SaveSize, save_size
-from hf_zero3.run.distributed import gather_from_ranks
+from hf_zero3.run.distributed import gather_from_ranks, local_world_size
+from hf_zero3.run.facts import ds_config_of
 
 
 class CheckpointGuardCallback(TrainerCallback):
@@ -91,7 +91,7 @@ class CheckpointGuardCallback(TrainerCallback):
         final_too = bool(getattr(args, "save_final_model", True))
         if not saves and not final_too:
             return
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
+        local = local_world_size(args.world_size)
         node0 = args.process_index == args.local_process_index  # rank 0's node also gets the whole-model files
         on_node = lambda size: size.on_node(local, args.world_size, node0)  # noqa: E731
         first = on_node(checkpoint if saves else final)
@@ -250,23 +250,18 @@ def _save_sizes(args, model) -> tuple[SaveSize, SaveSize]:
     """(a checkpoint, the final model) of this run's model, estimated (ZeRO-3 parameters count whole)."""
     params = list(model.parameters())
     count = sum(getattr(p, "ds_numel", p.numel()) for p in params)
-    ds = args.hf_deepspeed_config.config if args.deepspeed else None
+    ds = ds_config_of(args)
     optimizer = ((ds or {}).get("optimizer") or {}).get("type") or getattr(args.optim, "value", str(args.optim))
     return save_size(count, params[0].element_size() if params else 0, ds, optimizer, _gathers_weights(args))
 
 
 def _gathers_weights(args) -> bool:
     """The Trainer writes full weights unless ZeRO-3 runs with 16-bit gathering off."""
-    return not args.deepspeed or ckpt.weights_gathered(args.hf_deepspeed_config.config)
+    return not args.deepspeed or ckpt.weights_gathered(ds_config_of(args))
 
 
 def _hardware(args) -> dict:
-    import torch
-
-    if torch.cuda.is_available():
-        device = torch.cuda.get_device_name()
-    else:
-        device = f"CPU {platform.machine()} {platform.processor() or ''}".strip()
+    device = gpu_name() or f"CPU {platform.machine()} {platform.processor() or ''}".strip()
     return {"ranks": args.world_size, "device": device}
 
 
@@ -294,6 +289,6 @@ def _provenance(args, state, first_step: int) -> dict:
         "throughput": {"samples_per_second": sum(r["samples_per_s"] for r in timed) / len(timed),
                        "steps_per_second": len(timed) / sum(r["step_time_s"] for r in timed),
                        "measured_over_steps": state.global_step - first_step} if timed else None,
-        "ds_config": args.hf_deepspeed_config.config if args.deepspeed else None,
+        "ds_config": ds_config_of(args),
         "training_args": json.loads(args.to_json_string()),  # to_dict masks every *_token field
     }

@@ -7,6 +7,8 @@ import time
 from transformers import TrainerCallback
 
 from hf_zero3.callbacks._logs import merge_into_logs
+from hf_zero3.plan.hardware import gpu_name
+from hf_zero3.plan.shapes import ModelError, flops_per_token, shape_from_config
 from hf_zero3.run.facts import global_batch_of
 
 PEAK_TFLOPS = {
@@ -50,21 +52,6 @@ def peak_tflops_of(name: str) -> float | None:
     return None
 
 
-def detect_peak_tflops() -> float | None:
-    """Peak dense TFLOP/s of this rank's GPU by its name, or None (CPU, unknown GPU)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return peak_tflops_of(torch.cuda.get_device_name())
-
-
-def _gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
 class ThroughputCallback(TrainerCallback):
     """Throughput between logging steps, into the Trainer's logs (so every `report_to` gets it).
 
@@ -97,14 +84,12 @@ class ThroughputCallback(TrainerCallback):
         if self.seq_len < 1:
             raise ValueError(f"ThroughputCallback needs seq_len >= 1 (got {self.seq_len}): pass the block size")
         if self.flops_per_token is None and model is not None:
-            from hf_zero3.plan.shapes import ModelError, flops_per_token, shape_from_config
-
             try:
                 self.flops_per_token = flops_per_token(shape_from_config(model.config), self.seq_len)
             except ModelError as e:  # not a Llama-family config: tokens/s still, no TFLOP/s or MFU
                 print(f"hf_zero3: no TFLOP/s or MFU for this model ({e}); pass flops_per_token= to get them",
                       flush=True)
-        if self.peak_tflops is None and (gpu := _gpu_name()):
+        if self.peak_tflops is None and (gpu := gpu_name()):
             self.peak_tflops = peak_tflops_of(gpu)
             if self.peak_tflops is None and getattr(state, "is_world_process_zero", True):
                 print(f"hf_zero3: no MFU: the peak TFLOP/s of {gpu} is not known here: {SET_PEAK}", flush=True)

@@ -19,7 +19,7 @@ from hf_zero3.plan.types import ATTENTIONS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` verb's options."""
     model = parser.add_argument_group("model")
-    model.add_argument("--model", help="named shape (tiny, 7b, 13b, 70b, 8b), recipe name, config folder or hub id")
+    model.add_argument("--model", help="recipe name (tiny, 7b, 13b, 70b, 8b, ...), config folder or hub id")
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
         model.add_argument(f"--{flag}", type=positive_int, help="override (or, without --model, define) the shape")
     run = parser.add_argument_group("training")

@@ -23,3 +23,8 @@ def accumulation(total: int, micro: int, world: int) -> int | None:
     """The accumulation that makes `total` from `micro` on `world` ranks; None when no whole number does."""
     count, rest = divmod(total, micro * world)
     return count if not rest and count >= 1 else None
+
+
+def world_size_of(total: int, micro: int, accum: int) -> int | None:
+    """The world size a global batch `total` implies for `micro` x `accum`; None when no whole number does."""
+    return accumulation(total, micro, accum)  # the same division: total / (micro x accum)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from hf_zero3.config import batch
 from hf_zero3.config.build import BRIDGE_FILLED_KEYS, OFFLOADED_OPTIMIZER_BLOCK
 
 KNOWN_TOP_LEVEL_KEYS = frozenset(
@@ -407,24 +408,25 @@ def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: in
     if any(v is not None and v <= 0 for v in (total, micro, accum, world)):
         return findings  # reported by _sizes / argument parsing
     if total is not None and micro is not None and accum is not None:
-        if world is not None and total != micro * accum * world:
+        implied_world = batch.world_size_of(total, micro, accum)
+        if world is not None and total != (expected := batch.global_batch(micro, accum, world)):
             findings.append(Finding("error", "train_batch_size",
                                     f"{total} != micro batch {micro} x accumulation {accum} x world size {world} "
-                                    f"= {micro * accum * world}: set train_batch_size to {micro * accum * world} "
-                                    "or to 'auto'"))
-        elif world is None and total % (micro * accum):
+                                    f"= {expected}: set train_batch_size to {expected} or to 'auto'"))
+        elif world is None and implied_world is None:
             findings.append(Finding("error", "train_batch_size",
                                     f"{total} is not a multiple of micro batch {micro} x accumulation {accum}: "
                                     "no world size fits; set it to 'auto'"))
         elif world is None:
             findings.append(Finding("info", "train_batch_size",
-                                    f"implies world size {total // (micro * accum)} (= {total} / {micro} / {accum})"))
+                                    f"implies world size {implied_world} (= {total} / {micro} / {accum})"))
     elif world is not None and total is not None:
         if micro is not None:
             known, name, other, other_name = micro, "micro batch", "gradient_accumulation_steps", "accumulation"
         else:
             known, name, other, other_name = accum, "accumulation", "train_micro_batch_size_per_gpu", "micro batch"
-        if known is None and total % world:
+        implied = batch.accumulation(total, known, world) if known is not None else None
+        if known is None and batch.per_rank(total, world) is None:
             findings.append(Finding("error", "train_batch_size",
                                     f"{total} is not divisible by world size {world} (DeepSpeed asserts train_batch_size "
                                     "= micro batch x accumulation x world size): set it to a multiple of "
@@ -432,12 +434,11 @@ def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: in
         elif known is None:
             findings.append(Finding("info", "train_batch_size",
                                     f"DeepSpeed will use accumulation 1 and micro batch {total} / {world}"))
-        elif total % (known * world):
+        elif implied is None:
             findings.append(Finding("error", "train_batch_size",
                                     f"{total} is not divisible by {name} {known} x world size {world}: "
                                     f"change train_batch_size or {other}"))
         else:
-            implied = total // (known * world)
             findings.append(Finding("info", other, f"{other_name} = {implied} is implied ({total} / {known} / {world}):"
                                                    f" set {other} to {implied} (or pass the same TrainingArguments)"))
     elif total is not None and world is None and (micro is None or accum is None):

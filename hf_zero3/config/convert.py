@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hf_zero3.config import batch
 from hf_zero3.config.build import OFFLOADED_OPTIMIZER_BLOCK
 from hf_zero3.config.check import KNOWN_TOP_LEVEL_KEYS, removed_keys
 from hf_zero3.config.spec import AioSpec, Fp16Scaling, ZeroSpec
@@ -170,8 +171,7 @@ def _precision_of_config(fp16: Any, bf16: Any) -> str:
 def _implied_batch(fields: dict, world_size: int | None, notes: list[str]) -> dict[str, Any]:
     total, accum = fields.get("global_batch_size"), fields.get("gradient_accumulation_steps")
     if world_size and isinstance(total, int) and isinstance(accum, int) and "micro_batch_size" not in fields:
-        if total % (accum * world_size) == 0:
-            micro = total // (accum * world_size)
+        if (micro := batch.accumulation(total, accum, world_size)) is not None:  # micro = total / accum / world
             notes.append(f"made the implied micro batch explicit: {micro} ({total} / {accum} / {world_size})")
             return {"micro_batch_size": micro}
     return {}

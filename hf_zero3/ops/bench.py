@@ -24,6 +24,7 @@ from typing import Any
 
 from hf_zero3.checkpoint.export import claim_staging, mark_staging
 from hf_zero3.checkpoint.lifecycle import CheckpointError
+from hf_zero3.config import batch
 from hf_zero3.plan.hardware import gpu_count, gpu_name
 from hf_zero3.plan.hardware import versions as package_versions
 from hf_zero3.run.distributed import cuda_available, free_port
@@ -121,11 +122,12 @@ def tuned_variants(name: str, tuned: dict[str, list[Tuned]] | None) -> list[tupl
 
 def tuned_accumulation(name: str, setting: Tuned, global_batch: int, gpus: int) -> int:
     """Gradient accumulation of a `*_tuned` baseline at its micro batch for the recipe's global batch."""
-    if global_batch % (setting.micro * gpus):
+    accum = batch.accumulation(global_batch, setting.micro, gpus)
+    if accum is None:
         raise ValueError(f"{name} runs micro batch {setting.micro} on {gpus} ranks: the global batch {global_batch} is "
                          f"not a multiple of {setting.micro * gpus}; pick --per_device_train_batch_size/"
                          f"--gradient_accumulation_steps so that it is")
-    return global_batch // (setting.micro * gpus)
+    return accum
 
 
 def _tuned(name: str, variant: str, setting: Tuned, global_batch: int, gpus: int) -> Variant:

@@ -30,6 +30,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from hf_zero3 import recipes
 from hf_zero3.run.distributed import free_port
 from hf_zero3.run.hostfile import HOSTFILE_FIX, HostfileError, read_hostfile
 
@@ -363,14 +364,8 @@ def check_nvme(path: str | os.PathLike, test_bytes: int = 256 * 2**20, chunk: in
 # ---- hosts ------------------------------------------------------------------------------------------
 
 def code_root() -> Path:
-    """The checkout hf_zero3 runs from: its git work tree, or the package folder for a plain install."""
-    package = Path(__file__).resolve().parents[1]
-    try:
-        top = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return package
-    return Path(top.stdout.strip()) if top.returncode == 0 else package
+    """The checkout hf_zero3 runs from (`recipes.CHECKOUT`), or the package folder for an installed wheel."""
+    return recipes.CHECKOUT or recipes.PACKAGE
 
 
 def code_hash(root: Path) -> str:

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_zero3.config import batch
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
@@ -414,16 +415,18 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
     """(micro batch, accumulation) pairs that reach the global batch, largest micro batch first."""
     if global_batch is None:
         return [(micro_batch, 1)] if micro_batch else [(m, 1) for m in MICRO_BATCH_SEARCH]
-    per_rank, rest = divmod(global_batch, hardware.world_size)
-    if rest or per_rank < 1:
+    per_rank = batch.per_rank(global_batch, hardware.world_size)
+    if per_rank is None:
         raise PlanError(f"global batch {global_batch} is not a multiple of {hardware.world_size} GPUs: use a "
                         f"multiple such as {max(1, round(global_batch / hardware.world_size)) * hardware.world_size}")
     if micro_batch is not None:
-        if per_rank % micro_batch:
+        accum = batch.accumulation(global_batch, micro_batch, hardware.world_size)
+        if accum is None:
             raise PlanError(f"micro batch {micro_batch} does not divide the {per_rank} samples per GPU of global "
                             f"batch {global_batch}: use a divisor of {per_rank}")
-        return [(micro_batch, per_rank // micro_batch)]
-    return [(m, per_rank // m) for m in range(per_rank, 0, -1) if per_rank % m == 0]
+        return [(micro_batch, accum)]
+    return [(m, accum) for m in range(per_rank, 0, -1)
+            if (accum := batch.accumulation(global_batch, m, hardware.world_size)) is not None]
 
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
@@ -446,7 +449,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                 spec = ZeroSpec(**{**rung.model_dump(exclude_unset=True), "activation_checkpointing": checkpointing,
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
-                                   "global_batch_size": micro * accum * hardware.world_size})
+                                   "global_batch_size": batch.global_batch(micro, accum, hardware.world_size)})
                 training = Training(seq_len, micro, accum, attention, load_bytes, liger)
                 plans.append(plan(shape, hardware, training, spec))
                 if checkpointing and not offload:
@@ -594,8 +597,8 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     current = plan(shape, hardware, training, spec)
     what = "host RAM" if host else "GPU memory"
     need = (lambda p: p.host_bytes) if host else (lambda p: p.gpu_bytes)
-    per_rank = training.micro_batch * training.grad_accum
-    options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=per_rank * hardware.world_size,
+    same_batch = batch.global_batch(training.micro_batch, training.grad_accum, hardware.world_size)
+    options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=same_batch,
                                      precision=spec.precision, attention=training.attention, liger=training.liger)
                if _at_least_as_frugal(p, current, host) and need(p) < need(current)]
     nxt = next((p for p in options if p.fits), None)

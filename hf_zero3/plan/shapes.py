@@ -1,9 +1,13 @@
-"""Model shapes for the planner: named Llama shapes, or read from a config folder, hub id or recipe.
+"""Model shapes for the planner: read from a recipe, a config folder or a hub id (the recipes' published models
+known offline).
 
 The planner needs exact parameter counts without building the model, so they are computed here from
 the shape (a test checks them against `sum(p.numel())` of a real `LlamaForCausalLM` on the meta device).
 The formulas are the Llama family's: RMSNorm, GQA attention, SwiGLU MLP, optional biases, untied or
 tied `lm_head`. `flops_per_token` is imported by the throughput callback; keep its name.
+
+A recipe's name (`--model 70b`) means the model its YAML names: the recipe registry (`hf_zero3.recipes`) is the
+one list of names, and nothing here overrides what a recipe says.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from hf_zero3 import recipes
-
-"""Repository root: recipes/ and assets/ are looked up here."""
 
 
 class ModelError(ValueError):
@@ -140,14 +142,15 @@ def _llama2(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads:
     return ModelShape(name, layers, hidden, ffn, heads, kv_heads, vocab=32000, max_positions=4096)
 
 
-NAMED_SHAPES: dict[str, Any] = {
-    "tiny": lambda: load_config_shape(str(recipes.ROOT / "assets" / "tiny" / "model"), name="tiny"),
-    "7b": lambda: _llama2("7b", 32, 4096, 11008, 32, 32),
-    "13b": lambda: _llama2("13b", 40, 5120, 13824, 40, 40),
-    "70b": lambda: _llama2("70b", 80, 8192, 28672, 64, 8),
-    "8b": lambda: ModelShape("8b", 32, 4096, 14336, 32, 8, vocab=128256, max_positions=8192),
+PUBLISHED: dict[str, ModelShape] = {
+    "meta-llama/Llama-2-7b-hf": _llama2("meta-llama/Llama-2-7b-hf", 32, 4096, 11008, 32, 32),
+    "meta-llama/Llama-2-13b-hf": _llama2("meta-llama/Llama-2-13b-hf", 40, 5120, 13824, 40, 40),
+    "meta-llama/Llama-2-70b-hf": _llama2("meta-llama/Llama-2-70b-hf", 80, 8192, 28672, 64, 8),
+    "meta-llama/Meta-Llama-3-8B": ModelShape("meta-llama/Meta-Llama-3-8B", 32, 4096, 14336, 32, 8, vocab=128256,
+                                             max_positions=8192),
 }
-"""tiny: the tiny recipe's config; 7b/13b/70b: Llama-2; 8b: Llama-3-8B (128k vocabulary, untied)."""
+"""The shapes of the models the recipes name, from their published config.json: the planner answers for them
+without the network (gated repos) or the HF cache; a config in the cache is read instead."""
 
 
 def shape_from_config(config: Any, name: str = "") -> ModelShape:
@@ -158,7 +161,7 @@ def shape_from_config(config: Any, name: str = "") -> ModelShape:
                            "vocab_size") if get(k) is None]
     if missing:
         raise ModelError(f"model {name}: config has no {', '.join(missing)}; the planner models Llama-style "
-                         "decoders (Llama, Mistral, Qwen2, ...): pass --model with such a config or a named shape")
+                         "decoders (Llama, Mistral, Qwen2, ...): pass --model with such a config or a recipe")
     heads = get("num_attention_heads")
     return ModelShape(
         name=name or str(get("_name_or_path", "") or get("model_type", "model")),
@@ -178,7 +181,7 @@ def shape_from_config(config: Any, name: str = "") -> ModelShape:
 
 def load_config_shape(source: str, name: str = "", overrides: str | None = None) -> ModelShape:
     """Read a config folder or hub id with `AutoConfig` (local cache first, so it works offline)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers' config classes: only when a config is read
 
     try:
         try:
@@ -186,20 +189,20 @@ def load_config_shape(source: str, name: str = "", overrides: str | None = None)
         except OSError:
             if os.path.isdir(source):
                 raise
+            if source in PUBLISHED and not overrides:
+                return dataclasses.replace(PUBLISHED[source], name=name or source)
             config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise ModelError(f"could not read a model config from {source!r} ({str(e).splitlines()[0]}). Pass a "
-                         f"named shape ({', '.join(NAMED_SHAPES)}), a local folder with config.json, or a hub id "
-                         "that is in the HF cache or reachable (set HF_HUB_OFFLINE=1 to skip the network)") from e
+                         f"recipe ({', '.join(recipes.names()) or 'none'}), a local folder with config.json, or a hub "
+                         "id that is in the HF cache or reachable (set HF_HUB_OFFLINE=1 to skip the network)") from e
     if overrides:
         config.update_from_string(overrides)
     return shape_from_config(config, name or source)
 
 
 def load_shape(model: str) -> ModelShape:
-    """`--model`: a named shape, a recipe name (recipes/<name>/), a config folder (or its config.json), a hub id."""
-    if model in NAMED_SHAPES:
-        return NAMED_SHAPES[model]()
+    """`--model`: a recipe name (recipes/<name>/), a config folder (or its config.json), a hub id."""
     recipe = recipes.find(model) if "/" not in model else None
     if recipe is not None:
         if not recipe.model:
@@ -211,9 +214,8 @@ def load_shape(model: str) -> ModelShape:
     if path.is_dir():
         return load_config_shape(str(path), name=model)
     if model.startswith((".", "/", "~")) or model.count("/") != 1:
-        raise ModelError(f"unknown model {model!r}: use a named shape ({', '.join(NAMED_SHAPES)}), a recipe "
-                         f"({', '.join(recipes.names()) or 'none'}), a folder with config.json, or a hub id like "
-                         "org/name")
+        raise ModelError(f"unknown model {model!r}: use a recipe ({', '.join(recipes.names()) or 'none'}), a folder "
+                         "with config.json, or a hub id like org/name")
     return load_config_shape(model)
 
 

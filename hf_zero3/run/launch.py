@@ -33,7 +33,7 @@ from hf_zero3.plan.hardware import detect_hardware
 from hf_zero3.plan.memory import PlanError, choose, gathers_are_views, persists_every_parameter, plan
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
-from hf_zero3.plan.shapes import NAMED_SHAPES, ModelError, load_config_shape, load_shape
+from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
 from hf_zero3.plan.types import Training
 from hf_zero3.run.distributed import LaunchError, cuda_available, free_port
 from hf_zero3.run.facts import RunFacts
@@ -153,16 +153,8 @@ def _shown(path: Path) -> str:
 
 
 def _recipe_values(recipe: Path) -> dict:
-    import yaml
-
-    path = recipe / "train_args.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-
-
-def recipe_model(recipe: Path) -> str | None:
-    """The model the recipe's YAML names (pretrained weights first, else its config)."""
-    values = _recipe_values(recipe)
-    return values.get("model_name_or_path") or values.get("config_name")
+    """The recipe's YAML as the registry reads it ({} without one: `resolve` says it is missing)."""
+    return recipes.Recipe(recipe).values if (recipe / "train_args.yaml").is_file() else {}
 
 
 def _hosts(env: Mapping[str, str], gpus: int, problems: list[str]) -> tuple[str | None, dict | None, bool]:
@@ -277,7 +269,7 @@ def _model_args(env: Mapping[str, str], recipe: Path, from_config: bool, problem
     if source:
         cleared = [arg for key in FROM_SCRATCH_KEYS[1:] if values.get(key) for arg in (f"--{key}", "null")]
         return ["--model_name_or_path", "null", "--config_name", source, *cleared]
-    source = recipe_model(recipe) or ""
+    source = values.get("model_name_or_path") or values.get("config_name") or ""
     if not source:
         problems.append("FROM_CONFIG=1 needs a model config: set MODEL=folder-or-hub-id")
     return ["--model_name_or_path", "null", "--config_name", source]
@@ -425,7 +417,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     if not sizes["GPU_MEM"] and not cuda_available():
         print("plan      skipped: no GPU here and no target GPU memory; set GPU_MEM=80GB to plan for such GPUs")
         return 0
-    model = env.get("MODEL", "").strip() or (recipe.name if recipe.name in NAMED_SHAPES else None) or (
+    model = env.get("MODEL", "").strip() or recipes.resolve_path(
         values.get("model_name_or_path") or values.get("config_name"))
     micro, accum, seq = facts.micro_batch, facts.grad_accum, facts.seq_len
     from_scratch = facts.from_scratch or _flag(env, "FROM_CONFIG", [])

@@ -436,7 +436,7 @@ def _batching(prepared, model, tokenizer) -> dict[str, Any]:
 
 def _banner(trainer) -> str:
     args = trainer.args
-    ds = args.hf_deepspeed_config.config if args.deepspeed else None
+    ds = ds_config_of(args)
     stage = ds.get("zero_optimization", {}).get("stage", 0) if ds else "off (no deepspeed config)"
     facts = RunFacts.from_args(args, seq_len=0)
     return (f"hf_zero3: ZeRO stage {stage} | world size {args.world_size} | {facts.describe(args.world_size)} | "
@@ -491,7 +491,7 @@ def write_run_config(path: Path, model_args, data_args, trainer, by_callbacks: d
     `by_callbacks` holds the user's settings that our callbacks carry out while the Trainer's own copy is off
     (save_total_limit, push_to_hub): recorded as the user set them, so a rerun from this file does the same.
     """
-    ds = trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None
+    ds = ds_config_of(trainer.args)
     resolved = {"model": dataclasses.asdict(model_args), "data": dataclasses.asdict(data_args),
                 "training": {**trainer.args.to_dict(), **by_callbacks}, "ds_config": ds,
                 "world_size": trainer.args.world_size}
@@ -586,8 +586,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
-        shards = training_args.save_final_model and not weights_gathered(
-            trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None)
+        shards = training_args.save_final_model and not weights_gathered(ds_config_of(trainer.args))
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs,
                              **({"zero_shards": (out / "latest").read_text().strip()} if shards else {})})

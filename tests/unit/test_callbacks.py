@@ -89,3 +89,22 @@ def test_train_runs_extra_callbacks(single_rank_env, tmp_path):
             "--output_dir", str(tmp_path / "run")]
     assert main(argv, extra_callbacks=[recorder]) == 0
     assert recorder.steps == [1, 2]
+
+
+def test_memory_fields_name_their_unit(tmp_path):
+    """The memory callback's figures are GiB (2^30, torch's and the OS's unit) and named `*_gib`; `*_gb` means
+    10^9 (the planner's). They were named `*_gb`, 7% apart from the planner's GB; older logs map to today's names."""
+    import psutil
+
+    from hf_zero3 import units
+    from hf_zero3.callbacks.memory import host_memory
+
+    record = host_memory()
+    assert set(record) == {"host_rss_gib", "host_peak_rss_gib", "host_available_gib"}
+    assert record["host_available_gib"] * units.GIB == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+    state = types.SimpleNamespace(is_world_process_zero=True, global_step=1, log_history=[{"step": 1, "loss": 1.0}])
+    logs = {"loss": 1.0}
+    MemoryCallback(print_line=False).on_log(types.SimpleNamespace(output_dir=str(tmp_path)), state, None, logs=logs)
+    assert {k for k in logs if k != "loss"} == set(record) and not any(k.endswith("_gb") for k in logs)
+    assert units.gb(80 * 10**9) == "80.0 GB" and units.parse_size("80GB") == 80 * units.GB
+    assert units.current_names({"host_rss_gb": 1.5, "tokens_per_s": 2}) == {"host_rss_gib": 1.5, "tokens_per_s": 2}

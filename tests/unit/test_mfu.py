@@ -53,7 +53,7 @@ def test_a_given_peak_gives_mfu_and_a_bad_one_is_refused():
 
 
 def test_an_unknown_gpu_says_how_to_set_the_peak(monkeypatch, capsys):
-    monkeypatch.setattr(throughput, "_gpu_name", lambda: "Acme Tensor X1")  # no such GPU here: its name only
+    monkeypatch.setattr(throughput, "gpu_name", lambda: "Acme Tensor X1")  # no such GPU here: its name only
     logs = _logged(ThroughputCallback(seq_len=8, flops_per_token=1e6))
     assert "mfu" not in logs and "tflops_per_gpu" in logs
     assert "no MFU: the peak TFLOP/s of Acme Tensor X1 is not known here: pass --peak-tflops N" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_zero3 import recipes
 from hf_zero3.plan.shapes import (
-    NAMED_SHAPES,
+    PUBLISHED,
     ModelError,
     ModelShape,
     flops_per_token,
@@ -30,7 +30,7 @@ def _meta_llama(shape: ModelShape) -> LlamaForCausalLM:
         return LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("name", sorted(NAMED_SHAPES))
+@pytest.mark.parametrize("name", ["tiny", *sorted(PUBLISHED)])
 def test_named_shape_counts_match_a_real_llama(name):
     shape = load_shape(name)
     model = _meta_llama(shape)
@@ -84,8 +84,20 @@ def test_recipe_name_reads_its_model_and_overrides(tmp_path, monkeypatch):
     assert (shape.name, shape.layers, shape.hidden) == ("small", 2, 128)
 
 
+def test_a_recipe_name_means_the_model_its_yaml_names(tmp_path, monkeypatch):
+    """One registry: `--model 70b` is recipe 70b's model (its published shape offline), and a recipe of that name
+    naming another model is planned for that model, not for a table of names."""
+    assert load_shape("70b") == with_changes(PUBLISHED["meta-llama/Llama-2-70b-hf"], name="70b")
+    assert load_shape("meta-llama/Llama-2-70b-hf").params == 68_976_648_192  # offline, gated or not
+    recipe = tmp_path / "recipes" / "70b"
+    recipe.mkdir(parents=True)
+    (recipe / "train_args.yaml").write_text(f"config_name: {TINY_DIR}\n")
+    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path / "recipes")
+    assert load_shape("70b").params == 1_000_576
+
+
 def test_unknown_name_lists_what_is_accepted():
-    with pytest.raises(ModelError, match=r"unknown model '70B-chat'.*tiny, 7b, 13b, 70b, 8b.*hub id"):
+    with pytest.raises(ModelError, match=r"unknown model '70B-chat'.*13b, .*70b, 7b, 8b, tiny.*hub id"):
         load_shape("70B-chat")
     with pytest.raises(ModelError, match="unknown model"):
         load_shape("./missing/folder")
@@ -96,8 +108,8 @@ def test_unreachable_hub_id_says_how_to_work_offline(monkeypatch):
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
     monkeypatch.setattr(AutoConfig, "from_pretrained", offline)
-    with pytest.raises(ModelError, match=r"meta-llama/Llama-2-7b-hf.*named shape.*HF_HUB_OFFLINE=1"):
-        load_shape("meta-llama/Llama-2-7b-hf")
+    with pytest.raises(ModelError, match=r"org/private-model.*recipe.*HF_HUB_OFFLINE=1"):
+        load_shape("org/private-model")
 
 
 def test_bad_shapes_are_rejected():

@@ -15,7 +15,6 @@ from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 from hf_zero3.plan import memory as planner
-from hf_zero3.run import oom
 from hf_zero3.plan.hardware import detect_hardware
 from hf_zero3.plan.memory import (
     GB,
@@ -27,8 +26,9 @@ from hf_zero3.plan.memory import (
     oom_advice,
     plan,
 )
-from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.plan.shapes import load_shape
+from hf_zero3.run import oom
+from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 
 S7, S70 = load_shape("7b"), load_shape("70b")
 
@@ -452,6 +452,30 @@ def test_oom_advice_for_run_reads_what_train_py_holds(monkeypatch):
     advice = oom_advice_for_run(config, args, 4096)
     assert (seen["nodes"], seen["gpus_per_node"]) == (1, 8)
     assert advice.endswith("--gradient_checkpointing true")
+
+
+@pytest.mark.parametrize("setting", [False, None, True])
+def test_the_oom_advice_plans_the_activation_offload_the_run_runs(setting):
+    """A ds_config asking for cpu_checkpointing with `activation_offload: false`: the run keeps activations on the GPU
+    (false wins), and so does the plan the advice starts from (it used to let the ds_config win)."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from hf_zero3.run.facts import activation_offload_of
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32000)
+    ds = build_ds_config(ZeroSpec(stage=3, activation_checkpointing=True, activation_offload=True))
+    assert ds["activation_checkpointing"] == {"cpu_checkpointing": True}
+    args = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(config=ds), deepspeed="ds.json", bf16=True,
+                           fp16=False, gradient_checkpointing=True, world_size=8, per_device_train_batch_size=1,
+                           gradient_accumulation_steps=8, activation_offload=setting)
+    runs = activation_offload_of(setting, ds)  # what train's _maybe_offload_activations decides
+    assert runs is (setting is not False)
+    advice = oom_advice_for_run(config, args, 4096, hardware=_gpus(1, 8))
+    planned = advice.split("Planned for this run: ")[1].split(", micro batch")[0]
+    assert ("activation offload" in planned) is runs, advice
 
 
 def test_a_gathering_save_holds_the_16bit_model_on_the_first_node_and_shards_are_the_lever():

@@ -136,3 +136,25 @@ def test_save_best_flags_its_save_when_the_metric_improves_and_drops_an_unused_f
         guard.on_train_end(args, state, control)
     guard.on_evaluate(args, state, control, metrics={"eval_loss": 1.0})  # the evaluation after training
     assert not (tmp_path / "checkpoint-10").exists()
+
+
+@pytest.mark.parametrize("variable", ["LOCAL_SIZE", "LOCAL_WORLD_SIZE"])
+def test_the_disk_check_counts_the_ranks_the_launcher_puts_on_this_node(tmp_path, monkeypatch, variable):
+    """DeepSpeed's launcher says LOCAL_SIZE, torchrun LOCAL_WORLD_SIZE: 2 of 4 ranks on this node write half the
+    shards here (the guard used to read only LOCAL_WORLD_SIZE and count all 4 ranks under DeepSpeed's launcher)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from hf_zero3.callbacks import CheckpointGuardCallback
+
+    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "2")
+    args = SimpleNamespace(save_strategy="steps", save_final_model=True, world_size=4, process_index=0,
+                           local_process_index=0, output_dir=str(tmp_path))
+    state = TrainerState()
+    state.max_steps, state.save_steps, state.is_world_process_zero = 100, 10, True
+    guard = CheckpointGuardCallback()
+    guard._check_space(args, state, SaveSize(sharded=4_000_000, whole=0), SaveSize(sharded=0, whole=1_000))
+    assert guard._first_save_bytes == 2_000_000
