@@ -114,10 +114,12 @@ def packed_share(lengths: list[int]) -> tuple[float, int]:
 def _run(folder: Path) -> dict:
     records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if "step_time_s" in r and "loss" in r]
-    final = next((r for r in reversed(records) if "eval_loss" in r), {})
+    evals = [r for r in records if "eval_loss" in r]
+    start, final = (evals[0], evals[-1]) if len(evals) > 1 else ({}, evals[-1] if evals else {})
     return {"steps": len(steps), "time_s": sum(r["step_time_s"] for r in steps[1:]),
             "first_step_s": steps[0]["step_time_s"] if steps else math.nan,
             "losses": [r["loss"] for r in steps], "eval_loss": final.get("eval_loss", math.nan),
+            "start_eval_loss": start.get("eval_loss", math.nan),
             "eval_token_accuracy": final.get("eval_token_accuracy", math.nan),
             "peak_gb": max((r.get("gpu_peak_allocated_gb", r.get("peak_allocated_gb", 0)) for r in records),
                            default=0)}
@@ -132,8 +134,9 @@ def report(work: Path, out: Path) -> None:
     total = sum(lengths)
     lines = [f"Real tokens: {total:,} in {len(lengths)} conversations (median {statistics.median(lengths):.0f}, "
              f"p90 {sorted(lengths)[int(0.9 * len(lengths))]}, max {max(lengths)}); one epoch each.", "",
-             "| run | layout | micro | steps | real tokens/s (steps 2..) | padding share | first-step s | "
-             "mean train loss | eval loss | eval token acc | GPU peak GB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| run | layout | micro x accumulation | optimizer steps | real tokens/s (steps 2..) | padding share | "
+             "first-step s | eval loss at start | mean train loss | eval loss at end | eval token acc | GPU peak GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         micro = run["micro"]
         if run["packing"]:
@@ -144,14 +147,17 @@ def report(work: Path, out: Path) -> None:
         real = total * (steps - 1) / steps if steps > 1 else total  # tokens of steps 2.. (uniform share)
         rate = real / run["time_s"] if run["time_s"] else math.nan
         run["rate"] = rate
-        lines.append(f"| {name} | {'packed' if run['packing'] else 'padded'} ({run['attention']}) | {micro} | {steps} "
-                     f"| {rate:,.0f} | {share:.1%} | {run['first_step_s']:.1f} | "
+        lines.append(f"| {name} | {'packed' if run['packing'] else 'padded'} ({run['attention']}) | {micro} x "
+                     f"{run.get('accumulation', 1)} | {steps} "
+                     f"| {rate:,.0f} | {share:.1%} | {run['first_step_s']:.1f} | {run['start_eval_loss']:.4f} | "
                      f"{statistics.mean(run['losses']):.4f} | {run['eval_loss']:.4f} | "
                      f"{run['eval_token_accuracy']:.4f} | {run['peak_gb']:.1f} |")
     by_layout = {}
     for run in runs.values():
-        by_layout.setdefault((run["packing"], run["attention"], run["micro"]), []).append(run["rate"])
-    lines += ["", "| layout | micro | runs | median real tokens/s | min | max |", "|---|---|---|---|---|---|"]
+        by_layout.setdefault((run["packing"], run["attention"], f"{run['micro']} x {run.get('accumulation', 1)}"),
+                             []).append(run["rate"])
+    lines += ["", "| layout | micro x accumulation | runs | median real tokens/s | min | max |",
+              "|---|---|---|---|---|---|"]
     for (packing, attention, micro), rates in sorted(by_layout.items()):
         lines.append(f"| {'packed' if packing else 'padded'} ({attention}) | {micro} | {len(rates)} | "
                      f"{statistics.median(rates):,.0f} | {min(rates):,.0f} | {max(rates):,.0f} |")
