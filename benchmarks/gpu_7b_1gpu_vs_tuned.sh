@@ -6,7 +6,7 @@
 #                        5e8 buckets, Liger
 #   stock_tuned_1        stock template, Trainer's fused AdamW, no checkpointing, micro 1 x 16 (the largest without)
 #   stock_tuned_8_ckpt   the same with checkpointing at micro 8 x 2 (the best stock in the last two leases)
-# Prediction, written before any run of it (benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md: 8 layers 11,680,
+# Prediction, written before any run of it (benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md: 8 layers 11,680,
 # 12 layers 11,289, stock 8+ckpt 8,284): ours 11,200-11,900 tokens/s/GPU, 1.35-1.43x the best stock; stock_tuned_1
 # 0.72-0.80x stock_tuned_8_ckpt.
 # Time: a run ~90-100 s (start-up ~45 s + 7 steps of 6.5-8 s): one repeat of the three ~5 min. Each call stops itself

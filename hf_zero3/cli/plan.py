@@ -163,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
             print("cost      host buffers not pinned (the pinned variant does not fit the host RAM): every "
                   "micro-step copies the offloaded gradients to the host from pageable memory, synchronously. "
                   "Measured, 10.7B on one H200: 44-54 s per step at micro 1 x accumulation 8, 17.9 s at micro 4 x "
-                  "2 (4.35 s of copies per micro-step; benchmarks/largest-fit_10b-h200x1_1xH200_2026-12-01.md). "
+                  "2 (4.35 s of copies per micro-step; benchmarks/results/2026-12-01_largest-fit-10b-micro4/report.md). "
                   "So: the largest micro batch the GPU takes (pass --micro-batch), and where the node's RAM allows, "
                   "pin_memory: true (its row above gives the host RAM it needs)")
         if choice.fits:

@@ -27,7 +27,7 @@ H200 = 140 * GiB
 
 FIXED_TERMS: dict[str, FixedTerms] = {
     # Measured: benchmarks/memory_probe.py on 2 x H200 (benchmarks/gpu_memory_probe.sh; results in
-    # benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30/, summary in benchmarks/README.md): NVML used - torch
+    # benchmarks/results/2026-11-30_memory-probe-8b/, summary in benchmarks/README.md): NVML used - torch
     # reserved 2.3-2.8 GB; ZeRO-3 fragmentation 7-16%, ZeRO-2 17-26%; 5.7-6.1 GiB resident per rank.
     "H200": FixedTerms(),
     # Estimates until a probe runs there (`bash benchmarks/gpu_memory_probe.sh OUT zero3 zero3_offload_opt` on one

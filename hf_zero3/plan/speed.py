@@ -2,7 +2,7 @@
 says so.
 
 Why a table: memory says what fits, not what is fast. On 2 x H200 with the 8B shape ZeRO-2 at micro 1 ran 1.17x stock
-ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran 1.22x ZeRO-2 (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md):
+ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran 1.22x ZeRO-2 (benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md):
 no rule of thumb orders them, only a measurement. Speeds vary between machines by up to 14% for one config
 (shared/ENGINEERING.md), so two stages are compared only through figures from one benchmark file (one lease).
 
@@ -62,11 +62,11 @@ def _checkpointing(on: bool, layers: int | None) -> str:
     return (" + checkpointing" + (f" (first {layers} layers)" if layers else "")) if on else ""
 
 
-_TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
+_TUNED = "benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md"
 _LLAMA3_8B = 8_030_261_248
-_ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
+_ONE_GPU = "benchmarks/results/2026-12-01_ckpt-micro-7b-1gpu/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
 _LLAMA2_7B = 6_738_415_616
-_PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
+_PARTIAL = "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md"
 """One lease, four calls on one warm machine: its table gathers them (benchmarks/lease_medians.py)."""
 MEASURED: tuple[Measurement, ...] = (
     Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, True, False, 3, 10_121, _TUNED,

@@ -57,7 +57,7 @@ def test_memory_probe_replays_the_allocator_trace_to_its_peak():
 def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
     """The committed issue-16 run: bytes moved and pinned host as planned, peak allocated within +10% (over)."""
     report = _load("activation_offload_report")
-    folder = ROOT / "benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30/8b"
+    folder = ROOT / "benchmarks/results/2026-11-30_activation-offload/8b"
     assert "| 4096 | offload | 3,668 | 1.117 | 2.67 |" in report.render(folder)
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:7]]
             for line in report.planner_table(folder, "8b").splitlines()[2:]}
@@ -69,11 +69,11 @@ def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
 def test_the_partial_checkpointing_lease_table_is_regenerated_from_its_raw_records():
     """The table the planner's speed rows cite (one lease, four calls) is what lease_medians.py makes of the JSONL."""
     lease = _load("lease_medians")
-    folder = ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01"
+    folder = ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu"
     paths = sorted(folder.glob("call*/p7/*.jsonl"))
     assert len(paths) == 4
     table = lease.table(lease.runs_by_config(paths, 2, {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}))
-    assert table in (ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md").read_text()
+    assert table in (ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md").read_text()
 
 
 def test_the_seed_claims_gpu_report_and_its_readme_rows_come_from_its_rungs():
@@ -83,9 +83,9 @@ def test_the_seed_claims_gpu_report_and_its_readme_rows_come_from_its_rungs():
 
     from hf_zero3.ops.compare import load_results, render_report
 
-    summaries, records = load_results(ROOT / "benchmarks/seed_claims_1xH200_2026-12-01/rungs")
+    summaries, records = load_results(ROOT / "benchmarks/results/2026-12-01_seed-claims-1gpu/rungs")
     generated = render_report(summaries, records).split("\n", 2)[2]  # without the title
-    assert generated in (ROOT / "benchmarks/seed_claims_1xH200_2026-12-01.md").read_text(), \
+    assert generated in (ROOT / "benchmarks/results/2026-12-01_seed-claims-1gpu/report.md").read_text(), \
         "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
     section = (ROOT / "benchmarks/README.md").read_text().split("## Issue 17")[1]
     rows = re.findall(r"\| ([\d.]+) \|\s*(?:[+-]\d+%)?\s*\| ([\d,]+) \|\s*(?:[\d.]+x)?\s*\| (\d+) \|", section)

@@ -122,7 +122,7 @@ def test_plan_cli_with_a_named_machine(capsys):
 
 
 def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
-    """The 8b probe (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30/zero3_offload_opt_rank0.json) measured
+    """The 8b probe (benchmarks/results/2026-11-30_memory-probe-8b/zero3_offload_opt_rank0.json) measured
     24.000122 GiB pinned per rank: a 2^33 B block for the 8.03 GB bf16 gradient partition and four 2^32 B blocks for
     the 4 GB fp32 gradient sub-groups (plus a small remainder): what `pinned_blocks` + rounding predict."""
     from hf_zero3.plan.memory import _pow2, pinned_blocks
@@ -138,7 +138,7 @@ def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
 
 
 def test_nvme_swap_buffers_are_not_rounded_only_the_gradient_partition_is():
-    """The 70B-width NVMe run (benchmarks/nvme-offload-70b-width_2xH200_2026-11-30/probe_rank0.json) measured 4.0 GiB
+    """The 70B-width NVMe run (benchmarks/results/2026-11-30_nvme-offload-70b-width/probe_rank0.json) measured 4.0 GiB
     pinned by torch per rank: its 2.24 GB bf16 gradient partition rounded to 2^32 B. The four 0.4 GB swap buffers
     are page-locked by DeepSpeed's aio handle, outside torch's allocator, and are not rounded."""
     from hf_zero3.plan.memory import _pow2, pinned_blocks

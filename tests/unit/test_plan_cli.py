@@ -123,7 +123,7 @@ def test_from_scratch_plans_fp32_loading_on_every_zero2_rank(capsys):
 
 def test_liger_lets_micro_batch_3_fit_without_checkpointing(capsys):
     """Llama-3-8B on 2 x 140 GiB at micro batch 3 (recipe 8b v2): checkpointing is needed without Liger, not with it
-    (no fp32 logits, smaller layers; measured 118.9 GiB allocated, benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md)."""
+    (no fp32 logits, smaller layers; measured 118.9 GiB allocated, benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md)."""
     argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", "--micro-batch", "3",
             "--seq-len", "4096", "--json"]
     assert main(argv) == 0
@@ -135,7 +135,7 @@ def test_liger_lets_micro_batch_3_fit_without_checkpointing(capsys):
 
 def test_the_plan_says_what_each_save_writes_and_when_the_disk_cannot_hold_it(capsys):
     """Recipe 10b-h200x1 saves ZeRO shards: 12 B x 10.73B = 128.8 GB, more than the single-H200 box's disk (its
-    final save filled that disk, benchmarks/pinned-offload_10b-h200x1_1xH200_2026-12-01.md)."""
+    final save filled that disk, benchmarks/results/2026-12-01_pinned-offload-10b/report.md)."""
     assert main(["plan", "--model", "10b-h200x1", "--hardware", "h200x1", "--global-batch", "8", "--from-scratch",
                  "--headroom", "0.1"]) == 0
     saves = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saves"))

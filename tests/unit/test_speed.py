@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 S8 = load_shape("8b")
 H200X2 = Hardware(1, 2, 140 * 2**30, None)
-TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
+TUNED = "benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md"
 
 
 def _report_medians(path: str) -> dict[str, tuple[int, int]]:
@@ -121,7 +121,7 @@ def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
 
 S7 = load_shape("7b")
 H200 = Hardware(1, 1, 141 * 2**30, 125 * 2**30)
-PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
+PARTIAL = "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md"
 
 
 def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step_measured_faster():
