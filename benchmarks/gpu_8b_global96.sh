@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 13 at a fine-tuning-sized global batch: Llama-3-8B shape, seq 4096, bf16, 2 x H200, global batch 96 sequences
-# (393,216 tokens per step) for every config, REPEATS runs of each, interleaved, in one lease:
+# Recipe 8b against stock tuned by hand at a fine-tuning-sized global batch: Llama-3-8B shape, seq 4096, bf16, 2 x H200, global batch 96 sequences
+# (393,216 tokens per step) for every config, REPEATS runs of each, interleaved, on one machine:
 #   ours          recipe 8b v2 (ZeRO-3 + Liger, micro 3) at accumulation 16
 #   offload       recipe 8b's ds_config + `--offload-optimizer cpu` (pinned, DeepSpeedCPUAdam), Liger, micro 6 x 8: the
 #                 planner's batch for that option (`hf-zero3 plan --model 8b --hardware h200x2 --liger --global-batch 96`);
@@ -17,14 +17,12 @@
 # stops itself BUDGET_S (default 560) seconds in; the same command again continues (--resume, same WORK_DIR, warm machine).
 # Usage, from the repository root: REPEATS=3 bash benchmarks/gpu_8b_global96.sh OUT_DIR
 set -uo pipefail
-if [ -f .whl/install.sh ]; then source .whl/install.sh; fi
-source benchmarks/scratch.sh
-export TORCH_CUDA_ARCH_LIST=9.0
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:?OUT_DIR}
 work=${WORK_DIR:-outputs/bench-8b-global96}
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${GPUS:-2} ))}  # CPU Adam of the offload config
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 if [ ! -f "$work/bench_state.json" ]; then  # first call: write both recipe variants (later calls reuse them)
   for name in 8b-global96 8b-global96-offload; do
     scratch_dir "outputs/recipes/$name" || exit 2

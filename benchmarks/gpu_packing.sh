@@ -5,7 +5,7 @@
 # Usage, from the repository root:  VARIANTS="packed:sdpa:2 padded:sdpa:4" REPEATS=3 bash benchmarks/gpu_packing.sh OUT
 # A variant is layout:attention:micro. The same WORK again reuses the prepared data; runs are numbered on.
 set -uo pipefail
-if [ -f .whl/install.sh ]; then source .whl/install.sh; fi
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:?OUT_DIR}
 work=${WORK:-/tmp/packing-bench}
 mkdir -p "$out" "$work/runs"

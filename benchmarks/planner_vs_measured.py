@@ -44,7 +44,7 @@ BENCH_CASES = [
     (VS_STOCK + "llama3-8b_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096, _spec({}, activation_checkpointing=True),
      "ZeRO-3 + checkpointing (stock template)"),
     (VS_STOCK + "llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({"stage": 2}), "ZeRO-2"),
-    # Issue 13's lease (global batch 12): recipe 8b v2 and the hand-tuned stock baselines (hf_zero3/bench.py).
+    # Global batch 12, one machine: recipe 8b v2 and the hand-tuned stock baselines (hf_zero3/bench.py).
     (TUNED + "llama3-8b_2xH200_2026-11-30_tuned.jsonl", "ours", H200X2, Training(4096, 3, 2, liger=True), _spec(RECIPE_8B),
      "ZeRO-3 + Liger, micro 3 (recipe 8b v2)"),
     (TUNED + "llama3-8b_2xH200_2026-11-30_tuned.jsonl", "stock_tuned", H200X2, Training(4096, 2, 3), _spec({}),

@@ -1,11 +1,11 @@
-"""One table for one machine lease measured in several calls: each `hf-zero3 bench` call writes its own report, but
-ratios hold across the calls of one warm lease (same machine), so the planner's speed table cites the lease.
+"""One table for one machine measured in several calls: each `hf-zero3 bench` call writes its own report, but ratios
+hold across the calls made on one warm machine, so the planner's speed table cites the table of all of them.
 
 Reads the calls' bench JSONL files, summarizes each run as the bench does (`hf_zero3.ops.bench.summarize`: medians
-after the warm-up steps), then each config over all its runs in the lease (`aggregate`), and prints a markdown table
+after the warm-up steps), then each config over all its runs on the machine (`aggregate`), and prints a markdown table
 in the bench report's format (config, median tokens/s/GPU, ..., runs: min-max).
 
-Usage: python3 benchmarks/lease_medians.py --warmup 2 [--rename ours=ck8@FILE] CALL1.jsonl CALL2.jsonl ...
+Usage: python3 benchmarks/run_medians.py --warmup 2 [--rename ours=ck8@FILE] CALL1.jsonl CALL2.jsonl ...
 (`--rename OLD=NEW@FILE`: a config's name in one file, e.g. the bench's "ours" when it ran different things per call.)
 """
 
