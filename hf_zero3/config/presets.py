@@ -47,9 +47,10 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     "tiny": ZeroSpec(precision="auto"),
     # Llama-3-8B on 2+ H100/H200: bf16 params, grads and Adam states fit partitioned; no offload, no checkpointing.
     # 5e8-element buckets (DeepSpeed's own defaults) instead of the bridge's hidden_size**2: 6791 and 5967
-    # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread (benchmarks/README.md).
+    # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread
+    # (benchmarks study 8b-vs-stock).
     # v2 (train_args.yaml: Liger, micro 3 x 2) runs this same config: 10,121 tokens/s/GPU, 52.7% MFU, 118.9 GiB
-    # (benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md). ZeRO-2 + Liger is not measured on 2 GPUs yet.
+    # (benchmarks study 8b-tuned). ZeRO-2 + Liger is not measured on 2 GPUs yet.
     "8b": ZeroSpec(precision="bf16", reduce_bucket_size=500_000_000, prefetch_bucket_size=500_000_000,
                    param_persistence_threshold=1_000_000, max_live_parameters=3_000_000_000),
     # 7b/13b/70b: the planner's cheapest fitting option for the recipe's target at its batch (`make plan-<size>`;

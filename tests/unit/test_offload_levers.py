@@ -170,10 +170,10 @@ def test_the_70b_readme_quotes_the_predicted_nvme_time_per_step(capsys):
 
     from hf_zero3.plan.profiles import nvme_seconds_per_step
 
-    readme = (Path(__file__).resolve().parents[2] / "recipes/70b/README.md").read_text()
+    readme = " ".join((Path(__file__).resolve().parents[2] / "recipes/70b/README.md").read_text().split())  # any wrap
     minutes = {name: nvme_seconds_per_step(1_103_630_000_000 // nodes, get(name)) / 60
                for name, nodes in (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2))}
-    assert f"about {minutes['p4d.24xlarge']:.1f} min per\noptimizer step on p4d" in readme
+    assert f"about {minutes['p4d.24xlarge']:.1f} min per optimizer step on p4d" in readme
     assert f"{minutes['nd-a100-v4']:.1f} min on ND A100 v4" in readme
     assert f"about {minutes['a2-highgpu-4g']:.0f} min)" in readme
     assert main(["plan", "--model", "70b", "--hardware", "p4d.24xlarge", "--headroom", "0.1",
@@ -205,6 +205,7 @@ def test_an_unpinned_choice_says_what_it_costs(capsys):
                  "--global-batch", "8"]) == 0
     out = capsys.readouterr().out
     assert "not pinned) + checkpointing + saves ZeRO shards: micro batch 1" in out
-    assert "cost      host buffers not pinned" in out and "44-54 s per step" in out and "17.9 s" in out
+    cost = next(line for line in out.splitlines() if line.startswith("cost      host buffers not pinned"))
+    assert "--micro-batch" in cost and "pin_memory: true" in cost  # the two ways out, as the user types them
     assert main(["plan", "--model", "8b", "--hardware", "h200x2", "--global-batch", "96"]) == 0
     assert "host buffers not pinned" not in capsys.readouterr().out  # no offload chosen there
