@@ -89,3 +89,21 @@ def test_the_seed_claims_gpu_report_is_rendered_from_its_rungs():
     generated = render_report(summaries, records).split("\n", 2)[2]  # without the title
     assert generated in (RESULTS / "2026-12-01_seed-claims-1gpu/report.md").read_text(), \
         "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
+
+
+def test_the_readme_results_table_is_its_reports_summary():
+    """README.md's results table quotes the report it links: each row's runs, tokens/s, MFU and peak memory are a row
+    of the bench report's summary, and each ratio is ours over that row."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    report_md = re.search(r"^Report: \[[^]]*\]\((benchmarks/results/[^)]+)/report\.md\)", readme, re.M).group(1)
+    summary = "".join(p.read_text() for p in (ROOT / report_md).glob("*_tuned.md"))
+    measured = {(tps, mfu, peak, runs) for tps, mfu, peak, runs in re.findall(
+        r"^\| \w+ \| (\d+) \| [\d.]+ \| ([\d.]+)% \| ([\d.]+) \|.*\| (\d+): \d+-\d+ \|$", summary, re.M)}
+    rows = re.findall(r"^\| [^|]+ \| (\d+) \| (\d+) \| ([\d.]+)% \| ([\d.]+) \| ?(?:([\d.]+)x)? ?\|$", readme, re.M)
+    assert len(rows) >= 4
+    ours = int(rows[0][1])
+    for runs, tps, mfu, peak, ratio in rows:
+        assert (tps, mfu, peak, runs) in measured, (tps, mfu, peak, runs)
+        assert not ratio or float(ratio) == round(ours / int(tps), 2), (tps, ratio)

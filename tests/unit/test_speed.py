@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from hf_zero3.cli.main import main
-from hf_zero3.plan.memory import GB, Hardware, choose
+from hf_zero3.plan.memory import Hardware, choose
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
 from tests.conftest import ROOT
