@@ -14,7 +14,7 @@ from hf_zero3.cli.main import main
 from hf_zero3.plan.memory import Hardware, choose
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plan_line
 
 S8 = load_shape("8b")
 H200X2 = Hardware(1, 2, 140 * 2**30, None)
@@ -96,12 +96,12 @@ def test_plan_cli_says_why_it_chose(capsys, flag, liger):
     argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", flag]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert f"liger     {'on' if liger else 'off'} ({flag})" in text
-    speed = next(line for line in text.splitlines() if line.startswith("speed     "))
+    assert plan_line(text, "liger").startswith(f"{'on' if liger else 'off'} ({flag})")
+    speed = plan_line(text, "speed")
     assert ("(study 8b-tuned)" in speed) if liger else ("memory-only order" in speed)
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["liger"] is liger and out["speed"] == speed.removeprefix("speed     ")
+    assert out["liger"] is liger and out["speed"] == speed
     assert out["choice"]["option"] == ("ZeRO-3" if liger else "ZeRO-2")
 
 
