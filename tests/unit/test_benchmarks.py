@@ -60,7 +60,8 @@ def test_memory_probe_replays_the_allocator_trace_to_its_peak():
 
 
 def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
-    """The committed activation-offload study: bytes moved and pinned host as planned, peak allocated within +10% (over)."""
+    """The committed activation-offload study: bytes moved and pinned host as planned, peak allocated within +10%
+    (over)."""
     report = _load("activation_offload_report")
     folder = ROOT / "benchmarks/results/2026-11-30_activation-offload/8b"
     assert "| 4096 | offload | 3,668 | 1.117 | 2.67 |" in report.render(folder)
@@ -77,7 +78,8 @@ def test_the_partial_checkpointing_table_is_regenerated_from_its_raw_records():
     folder = ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu"
     paths = sorted(folder.glob("call*/p7/*.jsonl"))
     assert len(paths) == 4
-    table = medians.table(medians.runs_by_config(paths, 2, {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}))
+    rename = {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}
+    table = medians.table(medians.runs_by_config(paths, 2, rename))
     assert table in (ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md").read_text()
 
 
@@ -107,3 +109,27 @@ def test_the_readme_results_table_is_its_reports_summary():
     for runs, tps, mfu, peak, ratio in rows:
         assert (tps, mfu, peak, runs) in measured, (tps, mfu, peak, runs)
         assert not ratio or float(ratio) == round(ours / int(tps), 2), (tps, ratio)
+
+
+def test_the_index_names_only_scripts_and_reports_that_exist():
+    """benchmarks/README.md: every harness script and report it points to is there, and every study is indexed."""
+    import re
+
+    index = (ROOT / "benchmarks/README.md").read_text()
+    scripts = set(re.findall(r"benchmarks/([\w.]+\.(?:sh|py))", index))
+    assert scripts and not [s for s in scripts if not (ROOT / "benchmarks" / s).is_file()]
+    reports = set(re.findall(r"\]\((results/[^)]+)\)", index))
+    assert not [r for r in reports if not (ROOT / "benchmarks" / r).exists()]
+    studies = {p.name for p in RESULTS.iterdir() if p.is_dir()}
+    indexed = {r.split("/")[1] for r in reports if r.count("/") > 1}
+    assert studies == indexed, studies ^ indexed
+
+
+def test_every_harness_script_parses_and_bench_names_the_recipes_it_runs():
+    import subprocess
+
+    for script in sorted((ROOT / "benchmarks").glob("*.sh")):
+        assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0, script
+    proc = subprocess.run(["bash", "benchmarks/bench.sh", "/nonexistent/out"], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "RECIPE": "13b", "CHECK_ONLY": "1"})
+    assert proc.returncode == 2 and "RECIPE=13b" in proc.stderr and "RECIPE=tiny" in proc.stderr, proc.stderr
