@@ -6,7 +6,7 @@
 # A variant is layout:attention:micro:accumulation; a packed row holds ~8 of these conversations, so packed 2 x 1
 # and padded 8 x 2 take about the same examples per optimizer step (and the same number of steps). The same WORK again reuses the prepared data; runs are numbered on.
 set -uo pipefail
-if [ -f .whl/install.sh ]; then source .whl/install.sh; fi
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:?OUT_DIR}
 work=${WORK:-/tmp/packing-bench}
 mkdir -p "$out" "$work/runs"

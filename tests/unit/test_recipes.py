@@ -112,7 +112,7 @@ def test_readme_header_names_hardware_launch_measurement_and_version(recipe):
     rows = _header_rows(recipe)
     assert {"target hardware", "launch", "measured"} <= set(rows), rows
     assert f"recipes/{recipe.name}/launch.sh" in rows["launch"]
-    assert rows["measured"].startswith(("not yet (no such hardware lent)", "not yet: ", "20")), rows["measured"]
+    assert rows["measured"].startswith(("not yet (no such hardware at hand)", "not yet: ", "20")), rows["measured"]
     first_line = (recipe / "train_args.yaml").read_text().splitlines()[0]
     assert f"(v{version})" in first_line, f"{recipe.name}: train_args.yaml line 1 says {first_line!r}, README v{version}"
     entries = _changelog(recipe)
