@@ -414,3 +414,22 @@ def test_a_run_that_stopped_on_bad_input_does_not_lock_its_output_dir(capsys, tm
 def test_an_unknown_attention_kernel_is_a_usage_error(capsys, tmp_path):
     err = train_fails(capsys, "--output_dir", tmp_path / "o", "--attn_implementation", "eagr")
     assert err.startswith("error: could not build the model of") and "eagr" in err
+
+
+def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
+    """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
+    all of it at once, nothing written, no process group."""
+    import torch.distributed as dist
+
+    path = tmp_path / "chat.jsonl"
+    rows = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            [{"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}],
+            [{"role": "user", "content": 3}, {"role": "assistant", "content": "y"}],
+            [{"role": "user", "content": "only a question"}]]
+    path.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    out = tmp_path / "out"
+    err = train_fails_with(capsys, TINY_YAML, "--train_file", path, "--validation_file", "null", "--output_dir", out)
+    for needle in ("line 2", "role 'bot'", "line 3", "content of type int", "line 4", "no assistant turn",
+                   "train_on_inputs"):
+        assert needle in err, err
+    assert not dist.is_initialized() and not out.exists()
