@@ -28,7 +28,7 @@ HOST_MARGIN = 0.05
 """Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 STARTUP_RANK_BYTES = 1_280_000_000
 """A rank's host memory at rest before its first step (CUDA, torch, DeepSpeed loaded): 13.74 GiB at the 7b's start-up
-peak less its 12.55 GiB of 16-bit partitions (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md)."""
+peak less its 12.55 GiB of 16-bit partitions (benchmarks study recipes-proof-7b-1gpu)."""
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
@@ -36,7 +36,7 @@ its incoming gradient and the fp32 gradient of the logits (transformers upcasts 
 OFFLOAD_IN_FLIGHT_LAYERS = 3
 """Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
 the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
-Measured on 2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md): ~4 at the peak by the per-token
+Measured on 2 x H200 (benchmarks study activation-offload): ~4 at the peak by the per-token
 slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
@@ -77,7 +77,7 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
 def pinned_block_bytes(nbytes: int) -> int:
     """Pinned host bytes that one tensor of `nbytes` takes: torch's pinned-memory cache (CachingHostAllocator)
     rounds every allocation up to a power of two (measured: 33 saved tensors of 192 MiB took 8.25 GiB pinned,
-    benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md)."""
+    benchmarks study activation-offload)."""
     return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
 
 
@@ -129,7 +129,7 @@ def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> l
     cache and kept there). With "nvme" only the gradient partition: the optimizer's swap buffers are page-locked by
     DeepSpeed's aio handle (`new_cpu_locked_tensor`: posix_memalign + mlock, swap_tensor/utils.py), not by torch's
     caching host allocator, so they are not rounded (measured, 70B width on 2 x H200: torch's pinned peak 4.0 GiB per
-    rank = the 2.2 GB gradient partition rounded; benchmarks/nvme-offload-70b-width_2xH200_2026-11-30.md)."""
+    rank = the 2.2 GB gradient partition rounded; benchmarks study nvme-offload-70b-width)."""
     if spec.offload_optimizer.device == "nvme":
         return [grad_bytes]
     sizes = sub_groups(spec, state_n)
@@ -184,7 +184,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             "buffer", phase="step")
     if stage == 2 and opt == "none" and W > 1:
         add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
-            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8 (benchmarks/README.md)", "buffer",
+            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8", "buffer",
             phase="backward")
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
@@ -348,7 +348,7 @@ ONE_GPU_BUCKETS = {"reduce_bucket_size": 500_000_000, "overlap_comm": False}
 """ZeRO-3 on one GPU without offload: gradients in 5e8-element buckets (at most the model's size: DeepSpeed allocates
 the whole bucket), without the side stream. A one-rank reduce-scatter is a copy, there is nothing to overlap, and
 "auto" (hidden²) makes ~400 of them per micro-step. On a 7B that ran 1.06x, +0.9 GiB, one run each
-(benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md). Not with optimizer offload: there the side stream overlaps the
+(benchmarks study ckpt-micro-7b-1gpu). Not with optimizer offload: there the side stream overlaps the
 gradient copies to the host, which bound that step (unmeasured)."""
 
 

@@ -17,19 +17,20 @@ from hf_zero3.units import GB, gb
 
 CUDA_CONTEXT_BYTES = 3 * GB
 """CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees. Measured as NVML
-used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks/README.md); more ranks mean more NCCL buffers."""
+used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks study memory-probe-8b); more ranks mean more NCCL
+buffers."""
 GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
 """Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
-on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
-partition-sized copies of the gradients, which fragment the cache)."""
+on 2 x H200 (benchmarks study memory-probe-8b): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step
+makes and frees partition-sized copies of the gradients, which fragment the cache)."""
 GPU_MARGIN_NEAR_FULL = {3: 0.07}
 """The fragmentation a nearly full GPU still needs, by ZeRO stage. Close to capacity the caching allocator releases
 its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
-140 GiB reserved 4.8% and 6.8% more (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). A plan whose full margin does
+140 GiB reserved 4.8% and 6.8% more (benchmarks study 8b-tuned). A plan whose full margin does
 not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
-DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
+DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks study memory-probe-8b)."""
 
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
 ATTENTIONS: tuple[str, ...] = Attention.__args__
@@ -43,8 +44,8 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class FixedTerms:
     """The planner's terms that are not arithmetic over the model but properties of a machine type and its software:
-    measured per machine type with `benchmarks/memory_probe.py` (`hf_zero3/plan/profiles.py::FIXED_TERMS` holds
-    them, with the probe run that measured each, or says "estimate")."""
+    measured per machine type by a memory probe (`hf_zero3/plan/measured.json`'s `fixed_terms` holds them, with the
+    report of the probe that measured each, or says "estimate")."""
 
     cuda_context: int = CUDA_CONTEXT_BYTES
     """GPU bytes outside torch's allocator: CUDA context, NCCL buffers, kernels (NVML used - torch reserved)."""
@@ -53,7 +54,7 @@ class FixedTerms:
     gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
     """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
     gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
-    source: str = "measured on 2 x H200 (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30)"
+    source: str = "measured on 2 x H200 (benchmarks study memory-probe-8b)"
 
 
 @dataclass(frozen=True)
