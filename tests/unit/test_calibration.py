@@ -3,7 +3,7 @@ the memory model's defaults the H200 probe's figures (one copy of each fact)."""
 
 from __future__ import annotations
 
-from hf_zero3.plan import calibration, memory
+from hf_zero3.plan import calibration, types
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from tests.conftest import ROOT
 
@@ -23,10 +23,10 @@ def test_every_profile_has_fixed_terms_and_unprobed_types_say_estimate():
 
 
 def test_the_memory_models_defaults_are_the_h200_probe():
-    """An unnamed machine (`plan --gpus 2 --gpu-mem 140GiB`) is planned with memory.py's defaults: they must be the
+    """An unnamed machine (`plan --gpus 2 --gpu-mem 140GiB`) is planned with types.py's defaults: they must be the
     measured H200 row, not a second copy that drifts from it."""
     h200 = FIXED_TERMS["H200"]
-    assert memory.FixedTerms(source=h200.source) == h200
+    assert types.FixedTerms(source=h200.source) == h200
 
 
 def test_the_data_file_ships_with_the_package():
