@@ -77,8 +77,9 @@ def planner_table(folder: Path, model: str) -> str:
     """Per measured (seq, mode), rank 0: the planner's peak allocated, bytes moved and pinned host per GPU."""
     from hf_zero3.config.presets import RECIPE_CONFIGS
     from hf_zero3.config.spec import ZeroSpec
-    from hf_zero3.plan.memory import Hardware, Training, plan
+    from hf_zero3.plan.memory import plan
     from hf_zero3.plan.shapes import load_shape
+    from hf_zero3.plan.types import Hardware, Training
 
     records = [r for r in load(folder) if r["rank"] == 0]
     ready = next(r for r in records if r.get("event") == "ready")

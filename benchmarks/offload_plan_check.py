@@ -29,8 +29,9 @@ def predict(args) -> dict:
     from hf_zero3.config.check import load_config
     from hf_zero3.config.convert import spec_from_ds_config
     from hf_zero3.config.spec import ZeroSpec
-    from hf_zero3.plan.memory import Hardware, Training, plan
+    from hf_zero3.plan.memory import plan
     from hf_zero3.plan.shapes import load_config_shape
+    from hf_zero3.plan.types import Hardware, Training
 
     shape = load_config_shape(args.model, overrides=args.overrides)
     fields = spec_from_ds_config(load_config(args.ds_config))[0].model_dump(exclude_unset=True)

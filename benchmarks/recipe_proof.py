@@ -33,8 +33,10 @@ from hf_zero3.config.build import build_ds_config  # noqa: E402
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS, render  # noqa: E402
 from hf_zero3.config.spec import ZeroSpec  # noqa: E402
 from hf_zero3.ops.bench import scratch_run_dir  # noqa: E402
-from hf_zero3.plan.memory import Hardware, Training, choose, plan  # noqa: E402
+from hf_zero3.plan.choose import choose  # noqa: E402
+from hf_zero3.plan.memory import plan
 from hf_zero3.plan.shapes import load_shape, with_changes  # noqa: E402
+from hf_zero3.plan.types import Hardware, Training
 from hf_zero3.recipes import get as get_recipe  # noqa: E402
 from hf_zero3.run.arguments import load_arguments  # noqa: E402
 from hf_zero3.units import current_names  # noqa: E402

@@ -106,9 +106,10 @@ def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.presets import render
-    from hf_zero3.plan.memory import PlanError, choose
+    from hf_zero3.plan.choose import choose
     from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json
     from hf_zero3.plan.shapes import ModelError
+    from hf_zero3.plan.types import PlanError
 
     try:
         shape = _shape(args)

@@ -2,8 +2,8 @@
 (`Training`), and a configuration's memory term by term (`Plan`).
 
 Why apart from the arithmetic (`plan.memory`): the speed table (`plan.speed`), the hardware detection, the named
-machines and the report read these types without needing the memory model, and the memory model asks the speed
-table; with the types in `memory.py` the two modules needed each other.
+machines and the report read these types without needing the memory model, and the chooser asks the speed table;
+with the types in `memory.py` (which held the chooser too) the two modules needed each other.
 """
 
 from __future__ import annotations

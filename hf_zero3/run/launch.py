@@ -29,12 +29,13 @@ from hf_zero3 import recipes, units
 from hf_zero3.argtypes import parse_size, positive_int
 from hf_zero3.config.check import check_ds_config, has_errors, load_config
 from hf_zero3.config.spec import EVERY_PARAMETER
+from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.memory import PlanError, choose, gathers_are_views, persists_every_parameter, plan
+from hf_zero3.plan.memory import gathers_are_views, persists_every_parameter, plan
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
 from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
-from hf_zero3.plan.types import Training
+from hf_zero3.plan.types import PlanError, Training
 from hf_zero3.run.distributed import LaunchError, cuda_available, free_port
 from hf_zero3.run.facts import RunFacts
 from hf_zero3.run.hostfile import HostfileError, read_hostfile, write_hostfile

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hf_zero3.plan.advice import oom_advice
 from hf_zero3.plan.hardware import detect_hardware, gpu_count, host_ram_bytes
-from hf_zero3.plan.memory import oom_advice
 from hf_zero3.plan.shapes import shape_from_config
 from hf_zero3.plan.types import Hardware, Training
 from hf_zero3.run.distributed import local_world_size

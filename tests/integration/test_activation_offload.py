@@ -58,8 +58,9 @@ def test_host_memory_holds_the_planned_activation_bytes(runs):
     from transformers import AutoConfig
 
     from hf_zero3.config.spec import ZeroSpec
-    from hf_zero3.plan.memory import Hardware, Training, plan
+    from hf_zero3.plan.memory import plan
     from hf_zero3.plan.shapes import shape_from_config
+    from hf_zero3.plan.types import Hardware, Training
 
     (_, _, _), (_, _, probe) = runs
     shape = shape_from_config(AutoConfig.from_pretrained(ROOT / "assets/tiny/model"))

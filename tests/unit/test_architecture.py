@@ -13,6 +13,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "hf_zero3"
@@ -206,10 +208,11 @@ def test_every_package_folder_is_in_the_doc():
     assert all(f"`hf_zero3/{name}/`" in text for name in folders), folders
 
 
-def test_the_memory_model_is_pure_arithmetic():
-    """plan.memory imports nothing that reads the machine, at any level (the planner plans for other machines)."""
-    tree = ast.parse((PACKAGE / "plan" / "memory.py").read_text())
+@pytest.mark.parametrize("name", ["types", "memory", "choose", "advice"])
+def test_the_memory_model_is_pure_arithmetic(name):
+    """The planner's arithmetic imports nothing that reads the machine, at any level (it plans for other machines)."""
+    tree = ast.parse((PACKAGE / "plan" / f"{name}.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not imported & {"torch", "psutil", "os", "shutil", "subprocess"}, imported
-    assert not {t for t in edges()["hf_zero3.plan.memory"] if t.startswith("hf_zero3.plan.hardware")}
+    assert not {t for t in edges()[f"hf_zero3.plan.{name}"] if t.startswith("hf_zero3.plan.hardware")}

@@ -13,9 +13,12 @@ from hf_zero3.config.build import build_ds_config
 from hf_zero3.config.check import check_ds_config
 from hf_zero3.config.convert import spec_from_ds_config
 from hf_zero3.config.spec import OptimizerOffload, ZeroSpec
-from hf_zero3.plan.memory import GB, Hardware, PlanError, Training, choose, gpu_kept_optimizer_elements, plan
+from hf_zero3.plan.choose import choose
+from hf_zero3.plan.memory import gpu_kept_optimizer_elements, plan
 from hf_zero3.plan.profiles import PROFILES, get
 from hf_zero3.plan.shapes import ModelShape
+from hf_zero3.plan.types import Hardware, PlanError, Training
+from hf_zero3.units import GB
 from tests.conftest import plan_lines
 
 GiB = 2**30
@@ -158,7 +161,7 @@ def test_config_new_writes_partial_unpinned_offload_and_the_oom_advice_names_it(
     assert block == {"device": "cpu", "pin_memory": False, "ratio": 0.5}
     assert main(["config", "new", "--stage", "2", "--offload-optimizer", "cpu", "--offload-ratio", "0.5"]) == 2
     assert "needs ZeRO stage 3 (stage is 2)" in capsys.readouterr().err
-    from hf_zero3.plan.memory import _how
+    from hf_zero3.plan.advice import _how
 
     now = plan(SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(activation_checkpointing=True))
     nxt = plan(SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(
@@ -189,9 +192,10 @@ def test_host_oom_advice_offers_a_smaller_partial_offload_ratio():
     import dataclasses
 
     from hf_zero3.config.presets import RECIPE_CONFIGS
-    from hf_zero3.plan.memory import Training, oom_advice
+    from hf_zero3.plan.advice import oom_advice
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
+    from hf_zero3.plan.types import Training
 
     hardware = dataclasses.replace(get("h200x2").hardware(1, 0.0), nvme_path=None, nvme_free=0)
     advice = oom_advice(load_shape("20b-h200x2"), hardware, Training(4096, 2, 2), RECIPE_CONFIGS["20b-h200x2"],

@@ -15,20 +15,15 @@ from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 from hf_zero3.plan import memory as planner
+from hf_zero3.plan.advice import oom_advice
+from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.memory import (
-    GB,
-    Hardware,
-    PlanError,
-    Training,
-    choose,
-    layer_activation_bytes,
-    oom_advice,
-    plan,
-)
+from hf_zero3.plan.memory import layer_activation_bytes, plan
 from hf_zero3.plan.shapes import load_shape
+from hf_zero3.plan.types import Hardware, PlanError, Training
 from hf_zero3.run import oom
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
+from hf_zero3.units import GB
 
 S7, S70 = load_shape("7b"), load_shape("70b")
 
@@ -194,7 +189,7 @@ def test_liger_keeps_smaller_layers_and_never_the_whole_logits():
     assert _terms(liger)["activations: 32 layers stored"] == 12288 * (32 * 139_400 + 2 * 4096 + 4)
     assert hf.gpu_allocated_bytes - liger.gpu_allocated_bytes > 30 * GB
     # measured for recipe 8b v2 (ZeRO-3 + Liger, micro 3, 2 x H200): 118.93 GiB; planned within 0..+5%
-    recipe = plan(s8, _gpus(1, 2, 140 * 2**30), Training(4096, 3, 2, liger=True), planner.STANDALONE_CONFIGS["zero3"]
+    recipe = plan(s8, _gpus(1, 2, 140 * 2**30), Training(4096, 3, 2, liger=True), STANDALONE_CONFIGS["zero3"]
                   .model_copy(update={"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 500_000_000,
                                       "param_persistence_threshold": 1_000_000, "max_live_parameters": 3_000_000_000}))
     assert 0 <= recipe.gpu_allocated_bytes / (118.93 * 2**30) - 1 <= 0.05

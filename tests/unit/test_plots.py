@@ -64,8 +64,8 @@ def test_plan_plot_stacks_each_options_terms_up_to_its_total(tmp_path, capsys):
     assert f"plot: {path}" in capsys.readouterr().out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    from hf_zero3.plan.choose import choose
     from hf_zero3.plan.hardware import detect_hardware
-    from hf_zero3.plan.memory import choose
     from hf_zero3.plan.report import rows
     from hf_zero3.plan.shapes import load_shape
 

@@ -178,9 +178,11 @@ def _plans(recipe: Path, hardware=None):
     The target is the recipe's first named profile (with 10% headroom) if it has one, else launch.sh's --target."""
     from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
-    from hf_zero3.plan.memory import Hardware, Training, choose, plan
+    from hf_zero3.plan.choose import choose
+    from hf_zero3.plan.memory import plan
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
+    from hf_zero3.plan.types import Hardware, Training
 
     target = _target(recipe)
     if target.gpu_mem is None:
@@ -203,7 +205,7 @@ def _plans(recipe: Path, hardware=None):
 
 @by_name
 def test_recipe_fits_its_target_and_the_readme_quotes_the_planner(recipe):
-    from hf_zero3.plan.memory import gb
+    from hf_zero3.units import gb
 
     plans = _plans(recipe)
     if plans is None:
@@ -244,7 +246,7 @@ def test_the_largest_recipes_are_the_largest_the_planner_fits():
     offload, which these recipes leave off): 20b-h200x2 is the largest of its shape without it. 10b-h200x1 keeps
     SOLAR-10.7B's 48 layers so that its real weights load; on one GPU ZeRO-3 needs no gather buffers, which lets the
     planner fit 2 more layers (11.6B, ratio 0.5; not run), not 4. Its README says so."""
-    from hf_zero3.plan.memory import choose
+    from hf_zero3.plan.choose import choose
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape, with_changes
 

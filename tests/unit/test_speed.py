@@ -11,9 +11,10 @@ import shlex
 import pytest
 
 from hf_zero3.cli.main import main
-from hf_zero3.plan.memory import Hardware, choose
+from hf_zero3.plan.choose import choose
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
+from hf_zero3.plan.types import Hardware
 from tests.conftest import ROOT, plan_line
 
 S8 = load_shape("8b")
@@ -210,7 +211,7 @@ def test_the_7b_readme_runs_what_the_planner_chooses_for_one_h200(capsys):
 
 
 def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every_layer():
-    from hf_zero3.plan.memory import oom_advice
+    from hf_zero3.plan.advice import oom_advice
 
     h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
     best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True).plan
