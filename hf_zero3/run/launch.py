@@ -418,14 +418,17 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     if not sizes["GPU_MEM"] and not cuda_available():
         print("plan      skipped: no GPU here and no target GPU memory; set GPU_MEM=80GB to plan for such GPUs")
         return 0
-    model = env.get("MODEL", "").strip() or recipes.resolve_path(
-        values.get("model_name_or_path") or values.get("config_name"))
+    given = env.get("MODEL", "").strip()
+    model = given or recipes.resolve_path(values.get("model_name_or_path") or values.get("config_name"))
+    own = not given and model == recipes.resolve_path(_recipe_values(recipe).get("model_name_or_path")
+                                                      or _recipe_values(recipe).get("config_name"))
     micro, accum, seq = facts.micro_batch, facts.grad_accum, facts.seq_len
     from_scratch = facts.from_scratch or _flag(env, "FROM_CONFIG", [])
     load_bytes = 4 if from_scratch else None
     try:
-        overrides = None if env.get("MODEL", "").strip() else values.get("config_overrides")
-        shape = load_config_shape(str(model), overrides=overrides) if overrides else load_shape(str(model))
+        overrides = None if given else values.get("config_overrides")
+        shape = (load_config_shape(str(model), name=recipe.name, overrides=overrides) if own  # named by its recipe
+                 else load_config_shape(str(model), overrides=overrides) if overrides else load_shape(str(model)))
         hardware = _with_profile_and_nvme(
             detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
                             host_ram=sizes["HOST_RAM"]), config, target, headroom)
@@ -435,7 +438,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
         return 1
-    print(f"plan      {model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}, "
+    print(f"plan      {recipe.name if own else model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}, "
           f"{facts.describe(launch.world_size)}, {facts.precision}, {facts.attention}"
           + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "") + "\n")
     print_choice(shape, hardware, seq, best_choice)

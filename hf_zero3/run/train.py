@@ -1,8 +1,9 @@
 """`hf-zero3 train CONFIG.yaml [--key value ...]` (also `python -m hf_zero3.train`): the stock Trainer, set up right.
 
-One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments); strict YAML; CLI overrides
-on top. TrainingArguments (and with it the DeepSpeed config) exist before the model, so ZeRO-3 partitions
-the weights while they load. No training loop of our own: `transformers.Trainer` plus our callbacks.
+One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments) (`run.arguments`); every input checked
+before anything starts (`run.checks`); where the run starts, resume included (`run.start`). TrainingArguments (and
+with it the DeepSpeed config) exist before the model, so ZeRO-3 partitions the weights while they load. No training
+loop of our own: `transformers.Trainer` plus our callbacks.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -26,19 +26,14 @@ from hf_zero3.callbacks import (
 )
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
 from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
-from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.export import generation_ready
 from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
     newest_complete,
-    resume_step,
-    rotate,
-    verify_complete,
     weights_gathered,
     write_finished,
 )
-from hf_zero3.config.check import check_ds_config, load_config
-from hf_zero3.data.arguments import DataArguments, block_size_problem
+from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.run import activation_offload
@@ -49,179 +44,24 @@ from hf_zero3.run.arguments import (
     UsageError,
     load_arguments,
 )
+from hf_zero3.run.checks import check_inputs
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
-    gather_from_ranks,
     is_world_process_zero,
-    launched_world_size,
     prepare_process_group,
     process_group_released,
 )
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
-
-FINISHED = "finished"
-"""`_start_point`'s answer when output_dir already holds this run, finished: nothing to train."""
-
-_CHECKPOINT_INTERNALS = ("rng_state", "optimizer.pt", "scheduler.pt", "scaler.pt", "latest", "zero_to_",
-                         "hf_zero3_")
-"""Top-level checkpoint files that belong to resuming, not to the final model folder."""
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _verify_on_all_ranks(folder: Path) -> list[str]:
-    """Checksums of a marked checkpoint, each rank its share (all ranks call this in the same order)."""
-    import torch.distributed as dist
-
-    on = dist.is_available() and dist.is_initialized()
-    mine = verify_complete(folder, dist.get_rank() if on else 0, dist.get_world_size() if on else 1)
-    return [p for record in gather_from_ranks({"problems": mine}) for p in record["problems"]]
-
-
-def _is_finished(record: dict | None, args) -> bool:
-    """Whether a finished record answers this command: same or lower max_steps, or the same epochs."""
-    if record is None:
-        return False
-    if args.max_steps > 0:
-        return record.get("global_step", -1) >= args.max_steps
-    return record.get("max_steps", 0) <= 0 and record.get("num_train_epochs") == args.num_train_epochs
-
-
-def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
-    """The checkpoint is at (or past) max_steps but the run died before its final save: the final model is the
-    checkpoint's (the Trainer saved it with the same `save_model`); copy it, then mark the run finished.
-    Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
-    output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
-    the checkpoint with them."""
-    if is_world_process_zero():
-        for path in sorted(checkpoint.iterdir()):
-            if path.is_file() and not path.name.startswith(_CHECKPOINT_INTERNALS):
-                target = output_dir / path.name
-                tmp = output_dir / f".{path.name}.tmp"
-                tmp.unlink(missing_ok=True)
-                shutil.copy2(path, tmp)
-                os.replace(tmp, target)
-        if not any(output_dir.glob("model*.safetensors")):
-            print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
-                  "<folder>` writes the final model", flush=True)
-        for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet
-            print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)
-        write_finished(output_dir, {"global_step": resume_step(checkpoint), "max_steps": args.max_steps,
-                                    "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
-    _barrier()
-
-
-def _start_point(args) -> str | None:
-    """Where this run starts: None (from scratch), a checkpoint path, or FINISHED (nothing to do).
-
-    Refuses to train over an earlier run unless asked. `resume_from_checkpoint: auto` is one command that always
-    does the right thing, for retry loops and requeues: start when nothing is there, resume from the newest
-    checkpoint that verifies, and say "already finished" when the run is done. Only our own unfinished saves are
-    deleted; everything else is left in place and named (hf_zero3.checkpoint.lifecycle, docs/checkpoints.md).
-    """
-    output_dir, resume = Path(args.output_dir), args.resume_from_checkpoint
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"output_dir {output_dir} is a file, not a folder: choose another output_dir")
-    if resume not in (None, "auto") and not Path(resume).is_dir():
-        raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
-                         "or 'auto' for the newest complete one in output_dir")
-    if is_world_process_zero():
-        for left in ckpt.finish_deletions(output_dir):
-            print(f"hf_zero3: finished deleting {left} (a rotation that was interrupted)", flush=True)
-    if resume == "auto" and _is_finished(ckpt.read_finished(output_dir), args):
-        if is_world_process_zero():
-            record = ckpt.read_finished(output_dir)
-            print(f"hf_zero3: {output_dir} already finished at step {record.get('global_step')} (final model there): "
-                  "nothing to do. Raise --max_steps (or num_train_epochs) to train further", flush=True)
-        return FINISHED
-    if resume is not None:
-        try:
-            plan = ckpt.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
-                                    verify=_verify_on_all_ranks)
-        except ckpt.CheckpointError as e:
-            raise UsageError(str(e)) from e
-        if resume == "auto" and plan.target is None and plan.skipped:
-            raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
-                             f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
-                             "output_dir (or choose another output_dir) to start over")
-        for found in plan.skipped if is_world_process_zero() else []:
-            print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
-                  f"you do not need it); resuming from {plan.target}", flush=True)
-        target = plan.target
-        if target is not None and args.max_steps > 0 and ckpt.resume_step(target) is not None \
-                and ckpt.resume_step(target) >= args.max_steps:
-            _finish_from(target, output_dir, args)
-            if is_world_process_zero():
-                print(f"hf_zero3: {target} is at step {ckpt.resume_step(target)} >= max_steps {args.max_steps}: "
-                      f"the run is finished; its final model is in {output_dir}", flush=True)
-            return FINISHED
-        _barrier()  # every rank has decided before rank 0 deletes anything
-        for folder in plan.delete if is_world_process_zero() else []:
-            print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
-            ckpt.remove_checkpoint(folder)
-        _barrier()  # deletions done before any rank looks at the folder again
-        start = ckpt.resume_step(target) if target is not None else 0
-        if args.max_steps > 0 and args.save_strategy in ("steps", "best"):
-            every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
-            if collisions := ckpt.save_collisions(output_dir, start or 0, args.max_steps, every):
-                raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
-                                 f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
-                                 f"({ckpt.describe_found(collisions)}). Nothing was deleted. Move "
-                                 f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
-                                 "command again")
-        if target is not None:
-            for found in plan.failed if is_world_process_zero() else []:  # the run goes on: keep-last-N must
-                ckpt.mark_failed(found.path, found.why)                   # never count it again
-            return str(target)
-    if output_dir.is_dir() and any(p.name != ckpt.RUN_ID for p in output_dir.iterdir()) \
-            and not args.overwrite_output_dir:  # only a claim: a run that stopped before training (bad input)
-        if resume == "auto" and (record := ckpt.read_finished(output_dir)) is not None:
-            raise UsageError(f"{output_dir} holds a finished run (step {record.get('global_step')}, its final model) "
-                             "and no complete checkpoint to continue from, so training further would start from "
-                             "scratch and overwrite that model. Nothing was changed. To train on from it, start a "
-                             f"new run with --model_name_or_path {output_dir} and another output_dir; to train "
-                             "over it, pass --overwrite_output_dir true")
-        if resume == "auto" and ckpt.read_run_id(output_dir) is not None:
-            if is_world_process_zero():
-                print(f"hf_zero3: no complete checkpoint in {output_dir} yet: starting from scratch", flush=True)
-        elif resume == "auto":
-            raise UsageError(f"output_dir {output_dir} holds files but no hf_zero3 run to resume: pass "
-                             "--overwrite_output_dir true to train over it, or choose another output_dir")
-        else:
-            raise UsageError(f"output_dir {output_dir} already holds a run: pass --resume_from_checkpoint auto to "
-                             "continue it, --overwrite_output_dir true to train over it, or choose another output_dir")
-    old_checkpoints = sorted(p.name for p in ckpt.list_checkpoints(output_dir) if any(p.iterdir()))
-    if args.overwrite_output_dir and old_checkpoints:
-        # Keep-last-N ranks checkpoints by step: an old checkpoint-1000 would outrank (and so delete) this run's
-        # checkpoint-200, and `resume auto` would later pick the old run. Nothing is deleted on the user's behalf.
-        raise UsageError(f"output_dir {output_dir} holds checkpoints of an earlier run ({', '.join(old_checkpoints[:3])}"
-                         f"{', ...' if len(old_checkpoints) > 3 else ''}): --overwrite_output_dir overwrites files but "
-                         "does not mix checkpoints of two runs. Move or delete them, or choose another output_dir")
-    return None
-
-
-def _claim(output_dir: str) -> None:
-    """Rank 0 records that a run owns output_dir (so its unfinished saves can be told from anyone else's) and
-    that it is not finished; the other ranks wait for it."""
-    _barrier()  # every rank has looked at output_dir before rank 0 writes into it
-    if is_world_process_zero():
-        ckpt.claim_output_dir(output_dir)
-        ckpt.clear_finished(output_dir)
-    _barrier()
+from hf_zero3.run.start import FINISHED, claim, start_point
 
 
 def _load_model_and_tokenizer(model_args: ModelArguments):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    source = model_args.model_name_or_path or model_args.config_name  # checked by _model_problems
+    source = model_args.model_name_or_path or model_args.config_name  # checked by model_problems
     common = {"trust_remote_code": model_args.trust_remote_code}
     try:
         config = AutoConfig.from_pretrained(source, **common)
@@ -260,167 +100,12 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
     return model, tokenizer
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-"""A folder holding none of these has no tokenizer that AutoTokenizer can load."""
-
-
-def _model_problems(values: dict[str, Any]) -> list[str]:
-    """What is wrong with the model, config and tokenizer folders. A hub id is only tried when it loads."""
-    from transformers.utils import (
-        SAFE_WEIGHTS_INDEX_NAME,
-        SAFE_WEIGHTS_NAME,
-        WEIGHTS_INDEX_NAME,
-        WEIGHTS_NAME,
-    )
-
-    weights = {SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME}
-    model, config = values.get("model_name_or_path"), values.get("config_name")
-    if not (model or config):
-        return ["no model given: set model_name_or_path (pretrained weights) or config_name (train from scratch)"]
-    if model and values.get("config_overrides"):  # as HF's run_clm: the weights fix the shape they load into
-        return [f"config_overrides ({values['config_overrides']}) reshape a config trained from scratch, but "
-                f"model_name_or_path {model} loads pretrained weights: drop config_overrides (config_overrides null), "
-                "or train from scratch with config_name"]
-    tokenizer = "tokenizer_name" if values.get("tokenizer_name") else "model_name_or_path" if model else "config_name"
-    problems = []
-    for name, needs in (("model_name_or_path", "config.json weights"), ("config_name", "config.json"),
-                        (tokenizer, "tokenizer")):
-        value = values.get(name)
-        if not value or (not os.path.exists(value) and not value.startswith((".", "/", "~")) and value.count("/") < 2):
-            continue  # unset, or a hub id
-        if not os.path.isdir(value):
-            problems.append(f"{name} {value} {'is a file' if os.path.exists(value) else 'does not exist'}: point it "
-                            "at a model folder (config.json inside) or a hub id like org/name")
-            continue
-        try:
-            files = set(os.listdir(value))
-            for file in files & {"config.json", *TOKENIZER_FILES}:
-                with open(os.path.join(value, file), "rb"):  # a real open: os.access says yes to root
-                    pass
-        except OSError as e:
-            problems.append(f"{name} {value}: {e.filename} cannot be read ({e.strerror}): fix its permissions")
-            continue
-        if "config.json" in needs and "config.json" not in files:
-            problems.append(f"{name} {value} has no config.json: point it at the folder save_pretrained wrote "
-                            "(config.json, weights, tokenizer), not its parent or a copy of some of its files")
-        elif "weights" in needs and not files & weights:
-            problems.append(f"{name} {value} has a config.json but no weights ({', '.join(sorted(weights))}): to "
-                            "train from scratch pass it as config_name instead; to fine-tune, point it at the folder "
-                            "with the weights")
-        elif needs == "tokenizer" and not files & set(TOKENIZER_FILES):
-            problems.append(f"{name} {value} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): set "
-                            "tokenizer_name to the folder or hub id of the model's tokenizer")
-    return problems
-
-
-def training_values(values: dict[str, Any]) -> dict[str, Any]:
-    """TrainingArguments values by name, defaults filled in, before the TrainingArguments object (and with it the
-    DeepSpeed bridge and the device set-up) exists."""
-    fields = [f for f in dataclasses.fields(TrainingArguments) if f.init and f.default is not dataclasses.MISSING]
-    return {**{f.name: f.default for f in fields}, **values}
-
-
-def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
-    """`hf-zero3 config check` on the ds_config with these TrainingArguments and this world size; warnings are
-    printed (rank 0), errors returned."""
-    source = values.get("deepspeed")
-    if not source:
-        return []
-    name = "ds_config (inline)" if isinstance(source, dict) else f"ds_config {source}"
-    try:
-        config = source if isinstance(source, dict) else load_config(source)
-    except (FileNotFoundError, ValueError) as e:
-        return [str(e)]
-    findings = check_ds_config(config, world_size=launched_world_size(), device=device,
-                               training_args=training_values(values))
-    if is_world_process_zero():
-        for finding in findings:
-            if finding.level == "warning":
-                print(f"warning: {name}: {finding.key}: {finding.message}", file=sys.stderr, flush=True)
-    return [f"{name}: {f.key}: {f.message}" for f in findings if f.level == "error"]
-
-
-def _max_positions(values: dict[str, Any]) -> int | None:
-    """The model's max positions from its config alone (a local folder, or a hub id already in the cache), with
-    config_overrides applied; None when it cannot be known before loading."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(values.get("model_name_or_path") or values.get("config_name"),
-                                            local_files_only=True, trust_remote_code=bool(values.get("trust_remote_code")))
-        if values.get("config_overrides"):
-            config.update_from_string(values["config_overrides"])
-    except (OSError, ValueError):
-        return None
-    return getattr(config, "max_position_embeddings", None)
-
-
-def check_inputs(values: dict[str, Any], device: str) -> None:
-    """Every input (model folders, data files or dataset, the ds_config against TrainingArguments and the world size),
-    checked on every rank before anything starts: all ranks stop, nothing is written, and all problems show at once."""
-    problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
-        if device == "cpu" and values.get("fp16") else []
-    problems += _model_problems(values)
-    if not problems and (problem := block_size_problem(values.get("block_size", DataArguments.block_size),
-                                                       _max_positions(values))):
-        problems.append(problem)
-    data, formats = _data_problems(values, with_tokenizer=not problems)
-    problems += data
-    if not problems and formats - {"text"} and values.get("packing", True):
-        problems += _packing_problems(values)
-    layers = values.get("gradient_checkpointing_layers")
-    if layers is not None and not (values.get("gradient_checkpointing") or values.get("activation_checkpointing")):
-        problems.append(f"gradient_checkpointing_layers {layers} needs gradient_checkpointing true: it chooses which "
-                        "layers checkpointing covers; set gradient_checkpointing true or drop gradient_checkpointing_layers")
-    elif layers is not None and int(layers) < 1:
-        problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
-                        "gradient_checkpointing false and drop gradient_checkpointing_layers")
-    problems += _ds_config_problems(values, device)
-    if problems:
-        raise UsageError("\n".join(problems))
-
-
-def _packing_problems(values: dict[str, Any]) -> list[str]:
-    """Packed chat or prompt/completion data on a model whose attention would mix the examples of a block."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    # datasets takes a second to import: `train --help` and argument errors come back without it
-    from hf_zero3.data.collate import packing_problem
-
-    try:
-        config = AutoConfig.from_pretrained(values.get("model_name_or_path") or values.get("config_name"),
-                                            local_files_only=True, trust_remote_code=bool(values.get("trust_remote_code")))
-        model_class = AutoModelForCausalLM._model_mapping[type(config)]
-    except (OSError, ValueError, KeyError):
-        return []  # known once the model is built (remote code, a hub id not cached): checked again there
-    problem = packing_problem(model_class, values.get("attn_implementation") or "sdpa")
-    return [problem] if problem else []
-
-
-def _data_problems(values: dict[str, Any], with_tokenizer: bool) -> tuple[list[str], set[str]]:
-    """hf_zero3.data's checks of the data files, their formats and rows, and (`with_tokenizer`: the model's inputs
-    are sound) the chat template on a sample; and the formats found."""
-    from hf_zero3.data.build import data_problems  # as in _packing_problems
-
-    def load_tokenizer():
-        from transformers import AutoTokenizer
-
-        name = values.get("tokenizer_name") or values.get("model_name_or_path") or values.get("config_name")
-        try:
-            return AutoTokenizer.from_pretrained(name, trust_remote_code=bool(values.get("trust_remote_code"))), name
-        except (OSError, ValueError) as e:
-            raise DataError(f"could not load the tokenizer {name} to check the chat data: {e}") from e
-
-    return data_problems(values, load_tokenizer if with_tokenizer else None)
-
-
 def _batching(prepared, model, tokenizer) -> dict[str, Any]:
     """The Trainer's collator (and eval metrics) for how the data was laid out; packing is refused where the model
     would let packed examples attend to each other."""
     from transformers import default_data_collator
 
-    from hf_zero3.data import build, collate, metrics  # as in _packing_problems
+    from hf_zero3.data import build, collate, metrics  # as in packing_problems
 
     extra = {"compute_metrics": metrics.token_accuracy, "preprocess_logits_for_metrics": metrics.predicted_tokens}
     if prepared.layout == build.BLOCKS:
@@ -523,10 +208,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
-    resume = _start_point(training_args)
+    resume = start_point(training_args)
     if resume == FINISHED:
         return {}
-    _claim(training_args.output_dir)
+    claim(training_args.output_dir)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args)

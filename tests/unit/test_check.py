@@ -24,7 +24,7 @@ def good() -> dict:
 
 def ta(**overrides) -> dict:
     """TrainingArguments values as `hf-zero3 train` passes them to the checker: defaults plus overrides."""
-    from hf_zero3.run.train import training_values
+    from hf_zero3.run.checks import training_values
 
     return training_values(overrides)
 

@@ -367,12 +367,12 @@ def test_finishing_from_a_checkpoint_copies_its_files_so_later_writes_leave_it_w
     from transformers import TrainingArguments
 
     from hf_zero3.checkpoint import lifecycle as ckpt
-    from hf_zero3.run.train import _finish_from
+    from hf_zero3.run.start import finish_from
     from tests.conftest import make_checkpoint
 
     ckpt.claim_output_dir(tmp_path)
     folder = make_checkpoint(tmp_path, 8)
-    _finish_from(folder, tmp_path, TrainingArguments(output_dir=str(tmp_path), max_steps=8, report_to=[]))
+    finish_from(folder, tmp_path, TrainingArguments(output_dir=str(tmp_path), max_steps=8, report_to=[]))
     for name in ("trainer_state.json", "model.safetensors", "config.json"):
         assert not (tmp_path / name).samefile(folder / name), name
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 16, "log_history": []}))
@@ -385,7 +385,7 @@ def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps
     from transformers import TrainingArguments
 
     from hf_zero3.checkpoint import lifecycle as ckpt
-    from hf_zero3.run.train import _start_point
+    from hf_zero3.run.start import start_point
     from tests.conftest import make_checkpoint
 
     ckpt.claim_output_dir(tmp_path)
@@ -397,7 +397,7 @@ def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps
         f.write(bytes(64))
     args = TrainingArguments(output_dir=str(tmp_path), resume_from_checkpoint="auto", max_steps=30,
                              save_strategy="steps", save_steps=7, report_to=[])
-    assert _start_point(args) == str(tmp_path / "checkpoint-10")
+    assert start_point(args) == str(tmp_path / "checkpoint-10")
     assert "is corrupted" in json.loads((bad / ckpt.FAILED).read_text())["problems"]
     assert ckpt.complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-10"]
 
