@@ -160,7 +160,7 @@ CONFIG_NEW = [
 HW = "--gpus 1 --gpu-mem 80GB"
 PLAN = [
     cli("plan-no-model", f"plan {HW}", ["no model"], ["pass --model"]),
-    cli("plan-unknown-model", f"plan --model 99b {HW}", ["unknown model '99b'"], ["named shape"]),
+    cli("plan-unknown-model", f"plan --model 99b {HW}", ["unknown model '99b'"], ["use a recipe (", "hub id"]),
     cli("plan-model-missing-folder", f"plan --model {{I}}/no_such_model {HW}", ["no_such_model"],
         ["folder with config.json"]),
     cli("plan-model-folder-without-config", f"plan --model {{S}}/checkpoint-4/global_step4 {HW}",
