@@ -26,6 +26,7 @@ import yaml
 
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
+from hf_zero3.run import lora
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -69,6 +70,9 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel: sdpa, eager, flash_attention_2."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    peft: dict | None = field(
+        default=None, metadata={"help": "LoRA on the frozen base: {r, alpha, dropout, target_modules (a list, or "
+                                        "all-linear)}. See docs/lora.md."})
 
 
 @dataclass
@@ -269,7 +273,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
     Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
     output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
     the checkpoint with them."""
-    from hf_zero3.checkpoint.lifecycle import resume_step, rotate, write_finished
+    from hf_zero3.checkpoint.lifecycle import ADAPTER_WEIGHTS, resume_step, rotate, write_finished
 
     if is_world_process_zero():
         for path in sorted(checkpoint.iterdir()):
@@ -279,7 +283,7 @@ def _finish_from(checkpoint: Path, output_dir: Path, args) -> None:
                 tmp.unlink(missing_ok=True)
                 shutil.copy2(path, tmp)
                 os.replace(tmp, target)
-        if not any(output_dir.glob("model*.safetensors")):
+        if not any(output_dir.glob("model*.safetensors")) and not (output_dir / ADAPTER_WEIGHTS).is_file():
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
                   "<folder>` writes the final model", flush=True)
         for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet
@@ -553,6 +557,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
     problems += _ds_config_problems(values, device)
+    problems += lora.problems(values) if not problems else []
     if problems:
         raise UsageError("\n".join(problems))
 
@@ -709,6 +714,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
+    from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapter_on_all_ranks
     from hf_zero3.checkpoint.lifecycle import (
         CheckpointError,
         newest_complete,
@@ -727,6 +733,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args)
+    if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
+        try:
+            model = lora.apply(model, lora.parse(model_args.peft), training_args)
+        except ValueError as e:  # targets peft cannot adapt (checked before start where the config was at hand)
+            raise UsageError(f"peft: {e}") from e
+        if is_world_process_zero():
+            print(lora.describe(model), flush=True)
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)
@@ -738,7 +751,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
         callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
-                                        tokens_per_sample=prepared.tokens_per_row),
+                                        tokens_per_sample=prepared.tokens_per_row, lora=model_args.peft is not None),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
@@ -767,6 +780,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
+        if model_args.peft is not None and (problems := verify_adapter_on_all_ranks(model, training_args.output_dir)):
+            raise CheckpointError(f"the final adapter in {training_args.output_dir} is not the trained one: "
+                                  f"{'; '.join(problems[:5])}. The run is not marked finished")
         if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
             from hf_zero3.checkpoint.export import generation_ready
 
@@ -785,7 +801,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
-        shards = training_args.save_final_model and not weights_gathered(
+        shards = training_args.save_final_model and model_args.peft is None and not weights_gathered(
             trainer.args.hf_deepspeed_config.config if trainer.args.deepspeed else None)
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs,
