@@ -557,7 +557,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
     problems += _ds_config_problems(values, device)
-    problems += lora.problems(values) if not problems else []
+    problems += lora.problems(values)
     if problems:
         raise UsageError("\n".join(problems))
 
