@@ -139,11 +139,17 @@ class Training:
     liger: bool = False
     """Liger kernels (`use_liger_kernel`): RMSNorm keeps its 16-bit input and an fp32 rstd per row, SwiGLU keeps
     gate and up and recomputes the activation, and the fused linear cross-entropy never holds the whole logits."""
+    trainable: int | None = None
+    """LoRA: the adapter's parameters (`plan.lora.adapter_params`), the only ones that train; they come on top of the
+    frozen base, which keeps its 16-bit partitions and nothing else (no gradients, fp32 master or optimizer states).
+    None: every parameter trains. Activations are planned as without LoRA."""
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.trainable is not None and self.trainable < 1:
+            raise PlanError(f"trainable must be >= 1 (got {self.trainable}): the adapter's parameter count")
         if self.load_bytes not in (None, 2, 4):
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
         if self.attention not in ATTENTIONS:
@@ -401,11 +407,16 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     W, g = hardware.world_size, hardware.gpus_per_node
     stage, opt = spec.stage, spec.offload_optimizer.device
     prm = spec.offload_param.device if stage == 3 else "none"
-    part = math.ceil(P / W)
-    param_n, grad_n, state_n = (part if stage == 3 else P), (part if stage >= 2 else P), (part if stage >= 1 else P)
-    shard = lambda n: f"{_count(P)} / {W} GPUs" if n == part else f"{_count(P)} (whole model on every GPU)"
+    lora = training.trainable is not None
+    T = training.trainable if lora else P  # what trains: LoRA's adapter, on top of the frozen base
+    held = P + T if lora else P
+    part, tpart = math.ceil(held / W), math.ceil(T / W)
+    param_n, grad_n, state_n = (part if stage == 3 else held), (tpart if stage >= 2 else T), (tpart if stage >= 1 else T)
+    shard = lambda n, of=held: (f"{_count(of)} / {W} GPUs" if n == math.ceil(of / W)  # noqa: E731
+                                else f"{_count(of)} (whole model on every GPU)")
     terms: list[Term] = []
-    notes: list[str] = []
+    notes: list[str] = [f"LoRA: {_count(T)} adapter parameters train, the {_count(P)} of the base are frozen (their "
+                        "16-bit partitions only: no gradients, fp32 master or optimizer states)"] if lora else []
 
     def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True,
             phase: str = "always"):
@@ -417,10 +428,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
     add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
-        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n)}")
+        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
     kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n)
     if kept:  # partial offload: the first sub-groups keep their fp32 states and gradients on the GPU
-        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n)} (ratio {spec.offload_optimizer.ratio:g}: "
+        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n, T)} (ratio {spec.offload_optimizer.ratio:g}: "
                  f"int((1 - ratio) x {groups}) stay)")
         add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
         add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
@@ -429,20 +440,20 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
             phase="step")
     rest = f" less the {_count(kept)} on the GPU" if kept else ""
-    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n)}{rest}")
+    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n, T)}{rest}")
     sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n - kept
     add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
-        4 * sub_group, f"4 B x {shard(state_n)}{rest}" if sub_group == state_n - kept
+        4 * sub_group, f"4 B x {shard(state_n, T)}{rest}" if sub_group == state_n - kept
         else f"4 B x sub_group_size {_count(sub_group)}", phase="step")
     if stage == 3 and opt == "none":  # stage3 _prepare_fp32_grad_for_sub_group: flatten(16-bit grads).to(fp32)
         add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
             f"{b} B x {_count(sub_group)}", "buffer", phase="step")
     if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
-        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n)}",
+        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n, T)}",
             "buffer", phase="step")
     if stage == 2 and opt == "none" and W > 1:
         add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
-            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8 (benchmarks/README.md)", "buffer",
+            f"{b} B x {shard(grad_n, T)}: measured, DeepSpeed 0.19.8 (benchmarks/README.md)", "buffer",
             phase="backward")
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
@@ -552,7 +563,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         "overhead", False)
     # Host RAM per node beyond offloaded states.
     add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
-    if stage == 3 and spec.gather_16bit_weights_on_save:
+    if stage == 3 and lora:  # the Trainer gathers a peft model's trainable parameters only, whatever the setting
+        terms.append(Term("16-bit adapter gathered on rank 0 to save", "host", b * T,
+                          f"{b} B x {_count(T)} at every save (the frozen base is not saved)", "buffer"))
+    elif stage == 3 and spec.gather_16bit_weights_on_save:
         terms.append(Term("16-bit model gathered on rank 0 to save", "host", b * P,
                           f"{b} B x {_count(P)} at every save (checkpoints, the final model): "
                           "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
@@ -566,8 +580,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         terms.append(Term("start-up: ranks at rest", "host", g * STARTUP_RANK_BYTES,
                           f"{gb(STARTUP_RANK_BYTES)} x {g} GPUs/node (measured: the 7b's rank beside its copy below)",
                           "overhead", phase="startup"))
-        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * part,
-                          f"{b} B x {shard(part)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
+        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * tpart,
+                          f"{b} B x {shard(tpart, T)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
                           "flat 16-bit buffer through a host tensor (`defragment`, runtime/zero/utils.py); measured "
                           "on 1 x H200: 13.74 GiB held by the 7b's rank for 12.55 GiB of partitions", "buffer",
                           phase="startup"))
@@ -687,12 +701,12 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-               load_bytes: int | None = None, liger: bool = False) -> list[Plan]:
-    """Every configuration the planner considers, cheapest first."""
+               load_bytes: int | None = None, liger: bool = False, trainable: int | None = None) -> list[Plan]:
+    """Every configuration the planner considers, cheapest first (`trainable`: see `Training.trainable`)."""
     plans, kept_seen = [], set()
     for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
-            kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
+            kept = gpu_kept_optimizer_elements(rung, math.ceil((trainable or shape.params) / hardware.world_size))[0]
             key = (kept, rung.offload_optimizer.pin_memory)
             if kept == 0 or key in kept_seen:
                 continue
@@ -706,7 +720,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": micro * accum * hardware.world_size})
-                training = Training(seq_len, micro, accum, attention, load_bytes, liger)
+                training = Training(seq_len, micro, accum, attention, load_bytes, liger, trainable)
                 plans.append(plan(shape, hardware, training, spec))
                 if checkpointing and not offload:
                     plans += [p for p in [fewest_checkpointed(shape, hardware, training, spec)] if p is not None]
@@ -749,16 +763,17 @@ class Choice:
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
+           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None,
+           trainable: int | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
     micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only
     tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
-    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`)."""
+    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`); `trainable`: `Training.trainable`."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
-              "attention": attention, "load_bytes": load_bytes, "liger": liger}
+              "attention": attention, "load_bytes": load_bytes, "liger": liger, "trainable": trainable}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     whole = [p for p in tried if not is_partial(p)]
     fitting = [p for p in whole if p.fits and not p.tight] or [p for p in whole if p.fits]

@@ -26,8 +26,10 @@ def oom_kind(error: BaseException) -> str | None:
     return None
 
 
-def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False) -> str:
-    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size."""
+def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False,
+                       trainable: int | None = None) -> str:
+    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size (`trainable`: a LoRA
+    run's adapter parameters, `Training.trainable`)."""
     from hf_zero3.config.convert import spec_from_ds_config
     from hf_zero3.plan.shapes import shape_from_config
     from hf_zero3.run.facts import RunFacts
@@ -42,6 +44,7 @@ def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, h
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")  # torchrun / deepspeed launcher
     local = int(local) if local else min(world, max(1, gpu_count()))
     hardware = detect_hardware(nodes=max(1, world // local), gpus_per_node=local, host_ram=host_ram_bytes())
-    training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger)
+    training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger,
+                        trainable=trainable)
     path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
     return oom_advice(shape_from_config(model_config), hardware, training, spec, host=host, ds_config_path=path)

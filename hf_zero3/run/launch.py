@@ -449,9 +449,10 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         hardware = _with_profile_and_nvme(
             detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
                             host_ram=sizes["HOST_RAM"]), config, target, headroom)
+        trainable = _lora_params(shape, values)
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
                              micro_batch=micro, precision=facts.precision, attention=facts.attention,
-                             load_bytes=load_bytes, liger=facts.liger)
+                             load_bytes=load_bytes, liger=facts.liger, trainable=trainable)
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
         return 1
@@ -465,7 +466,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         else fields.get("activation_offload", False)
     spec = ZeroSpec(**{**fields, "precision": facts.precision, **facts.checkpointing(offload),
                        "activation_offload": offload})
-    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger), spec)
+    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, trainable), spec)
     best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
     same = best is not None and best.label == ours.label
@@ -479,6 +480,21 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         print(f"          the planner also sets stage3_param_persistence_threshold: {EVERY_PARAMETER} (every "
               "parameter whole: free on one GPU, 1.33x on a 7B; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)")
     return max(rc, 0 if ours.fits else 1)
+
+
+def _lora_params(shape, values: dict) -> int | None:
+    """The adapter's parameter count when the recipe trains LoRA (its `peft:` block): what trains, for the planner."""
+    if values.get("peft") is None:
+        return None
+    from hf_zero3.plan.lora import adapter_params
+    from hf_zero3.plan.memory import PlanError
+    from hf_zero3.run.lora import parse
+
+    try:
+        spec = parse(values["peft"])
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    return adapter_params(shape, spec.r, spec.target_modules)
 
 
 def _with_profile_and_nvme(hardware, config: dict, target: Target, headroom: float = 0.0):

@@ -126,9 +126,16 @@ def apply(model, spec: LoraSpec, training_args):
     return get_peft_model(model, config)
 
 
+def trainable_params(model) -> int | None:
+    """The adapter's parameters of a peft model (ZeRO-3 counts partitioned parameters whole); None for another model."""
+    if not hasattr(model, "peft_config"):
+        return None
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+
+
 def describe(model) -> str:
-    """One line: the adapter's size against the model's (ZeRO-3 counts partitioned parameters whole)."""
-    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    """One line: the adapter's size against the model's."""
+    trainable = trainable_params(model)
     total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     config = model.peft_config["default"]
     targets = config.target_modules if isinstance(config.target_modules, str) else ", ".join(sorted(config.target_modules))

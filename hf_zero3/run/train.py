@@ -623,15 +623,17 @@ def _banner(trainer) -> str:
             f"{facts.precision} | device {args.device}")
 
 
-def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
-    """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
+def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
+                 trainable: int | None = None) -> None:
+    """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
+    `trainable`: a LoRA run's adapter parameters."""
     from hf_zero3.plan.oom import oom_advice_for_run, oom_kind
 
     kind = oom_kind(error)
     if kind is None:
         return
     try:
-        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host")
+        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", trainable=trainable)
     except Exception as planner_error:  # noqa: BLE001 -- never hide the OOM behind a planner problem
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
@@ -775,7 +777,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        _explain_oom(error, model.config, training_args, data_args.block_size)
+        _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
         raise
     metrics = dict(result.metrics)
     if training_args.save_final_model:
