@@ -117,8 +117,8 @@ def test_placeholders_zeros_and_other_values_are_refused(saved):
     assert found["other"] == [f"{b}: norm {2 * expected[b][1]:.6g} saved, {expected[b][1]:.6g} trained"]
     assert found["missing"] == [f"1 trained adapter tensor(s) missing from adapter_model.safetensors, e.g. {b}"]
     save_file({**good, a: torch.zeros_like(good[a])}, str(folder / ckpt.ADAPTER_WEIGHTS))  # without the norms
-    assert ckpt.verify_adapter(folder) == [f"{a}: all zeros (peft initialises lora_A at random and training never "
-                                           "zeroes it)"]
+    zeroed = f"{a}: all zeros (peft initialises lora_A at random and training never zeroes it)"
+    assert ckpt.verify_adapter(folder) == [zeroed]
 
 
 def test_a_b_that_is_still_zero_passes_where_the_trained_one_is_zero_too(tmp_path):
