@@ -21,11 +21,10 @@
 # last call with VARIANTS unset writes the table of all five from their JSON files without running any again)
 # Usage, from the repository root: bash benchmarks/gpu_lora_8b.sh OUT_DIR [more lora_bench.py options]
 set -uo pipefail
-if [ -f .whl/install.sh ]; then source .whl/install.sh; fi
-export TORCH_CUDA_ARCH_LIST=9.0
+source benchmarks/common.sh || exit 1  # GPU box set-up, llama3_8b_config
 out=${1:?OUT_DIR}
 mkdir -p "$out"
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape
 timeout -s TERM "${BUDGET_S:-560}" python3 benchmarks/lora_bench.py --out "$out" --model-config outputs/llama3-8b \
   --weights "${WEIGHTS:-outputs/llama3-8b-weights}" --variants "${VARIANTS:-lora,lora_zero3,stock_peft,stock_peft_nockpt,full}" \
   --global-batch 16 --steps 6 --warmup 2 "${@:2}" 2>&1 | tee -a "$out/lora_bench.log"

@@ -1,6 +1,6 @@
 """`hf_zero3.train` plus a callback that records, per rank, what ZeRO-3 holds of a LoRA run (the frozen base's
 partition, the optimizer's fp32 elements) when training begins, and rank 0's logits of a fixed input when it ends
-(launched like training: `deepspeed --num_gpus 2 tests/integration/lora_probe.py PROBE_DIR CONFIG [overrides]`)."""
+(launched like training: `torchrun --nproc_per_node 2 tests/integration/lora_probe.py PROBE_DIR CONFIG [overrides]`)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class LoraProbe(TrainerCallback):
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    at = next(i for i, a in enumerate(argv) if not a.startswith("--local_rank"))  # the launcher prepends it
+    at = next(i for i, a in enumerate(argv) if not a.startswith("--local_rank"))  # DeepSpeed's launcher prepends it
     folder = Path(argv.pop(at))
     folder.mkdir(parents=True, exist_ok=True)
     exit_process(main(argv, extra_callbacks=[LoraProbe(folder)]))
