@@ -158,3 +158,13 @@ def test_the_disk_estimate_of_a_peft_run_counts_only_the_adapter():
     checkpoint, final = _save_sizes(args, model)
     assert final.total == 4 * adapter and checkpoint.total == (4 + 8) * adapter  # weights + Adam moments
 
+
+
+def test_merge_is_refused_for_a_full_model_checkpoint_before_anything_is_written(tmp_path):
+    from hf_zero3.checkpoint.export import export_checkpoint
+    from tests.conftest import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "run", 2)
+    with pytest.raises(ckpt.CheckpointError, match="holds a full model, not a LoRA adapter: --merge and --base"):
+        export_checkpoint(folder, tmp_path / "merged", merge=True)
+    assert not (tmp_path / "merged").exists()
