@@ -1,5 +1,6 @@
 """TrainerCallbacks, one per file; usable alone with any `transformers.Trainer` (`trainer.add_callback`)."""
 
+from hf_zero3.callbacks.adapter_check import AdapterCheckCallback
 from hf_zero3.callbacks.checkpoint_guard import CheckpointGuardCallback
 from hf_zero3.callbacks.deepspeed_timers import DeepSpeedTimersCallback
 from hf_zero3.callbacks.hub_push import HubPushCallback
@@ -13,10 +14,10 @@ from hf_zero3.callbacks.throughput import ThroughputCallback
 
 
 def default_callbacks(training_args, seq_len: int | None = None, sources: dict | None = None,
-                      tokens_per_sample: float | None = None) -> list:
+                      tokens_per_sample: float | None = None, lora: bool = False) -> list:
     """The callbacks `hf-zero3 train` adds to every run (each may read the run's TrainingArguments).
     `sources` (base_model, datasets) go into each checkpoint's marker, for the model card; `seq_len` and
-    `tokens_per_sample` are the throughput callback's (see there).
+    `tokens_per_sample` are the throughput callback's (see there); `lora`: the model trains a peft adapter.
 
     Order matters: the ones that add fields to the logs come before JsonlLogCallback, which writes them.
     """
@@ -26,6 +27,8 @@ def default_callbacks(training_args, seq_len: int | None = None, sources: dict |
                                             tokens_per_sample=tokens_per_sample))
     callbacks.append(NonFiniteGuardCallback(patience=getattr(training_args, "stop_after_nonfinite_steps", 3)))
     callbacks.append(JsonlLogCallback())  # after the guard above: it adds its counts to the logs
+    if lora:  # before the guard: a save whose adapter is not the trained one gets no completion marker
+        callbacks.append(AdapterCheckCallback())
     callbacks.append(CheckpointGuardCallback(save_total_limit=training_args.save_total_limit, sources=sources))
     if training_args.push_to_hub:  # after the guard: pushes only checkpoints it marked complete
         callbacks.append(HubPushCallback(training_args.hub_model_id, private=bool(training_args.hub_private_repo),
@@ -46,7 +49,7 @@ def install_callbacks(trainer, callbacks: list) -> None:
     handler.callbacks = first + list(callbacks) + rest
 
 
-__all__ = ["CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
+__all__ = ["AdapterCheckCallback", "CheckpointGuardCallback", "DeepSpeedTimersCallback", "HubPushCallback", "JsonlLogCallback",
            "MemoryCallback", "NonFiniteError",
            "NonFiniteGuardCallback", "NvmeResumeCallback", "PartialCheckpointingCallback", "PerplexityCallback", "ThroughputCallback", "default_callbacks",
            "install_callbacks"]

@@ -247,12 +247,14 @@ def _new_best(args, state, metrics: dict) -> bool:
 
 
 def _save_sizes(args, model) -> tuple[SaveSize, SaveSize]:
-    """(a checkpoint, the final model) of this run's model, estimated (ZeRO-3 parameters count whole)."""
-    params = list(model.parameters())
+    """(a checkpoint, the final model) of this run's model, estimated (ZeRO-3 parameters count whole). A peft model
+    saves only what trains (its adapter, always gathered): the Trainer leaves the frozen base out of both."""
+    peft = hasattr(model, "peft_config")
+    params = [p for p in model.parameters() if p.requires_grad or not peft]
     count = sum(getattr(p, "ds_numel", p.numel()) for p in params)
     ds = ds_config_of(args)
     optimizer = ((ds or {}).get("optimizer") or {}).get("type") or getattr(args.optim, "value", str(args.optim))
-    return save_size(count, params[0].element_size() if params else 0, ds, optimizer, _gathers_weights(args))
+    return save_size(count, params[0].element_size() if params else 0, ds, optimizer, peft or _gathers_weights(args))
 
 
 def _gathers_weights(args) -> bool:

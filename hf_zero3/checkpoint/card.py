@@ -91,9 +91,27 @@ def _hardware(marker: dict[str, Any]) -> str:
     return f"{ranks} × {device}" if ranks else device
 
 
+def _lora(checkpoint: Path) -> dict[str, Any]:
+    """The LoRA settings of a saved adapter (its adapter_config.json), {} for a full model."""
+    try:
+        config = json.loads((checkpoint / "adapter_config.json").read_text())
+        return config if isinstance(config, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _lora_text(lora: dict[str, Any]) -> str:
+    targets = lora.get("target_modules")
+    targets = ", ".join(sorted(targets)) if isinstance(targets, list) else str(targets)
+    return f"LoRA adapter (rank {lora.get('r')}, alpha {lora.get('lora_alpha')}, on {targets})"
+
+
 def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = None,
-               model_name: str | None = None):
-    """The `huggingface_hub.ModelCard` for the export of `checkpoint` (`str(card)` is the README.md)."""
+               model_name: str | None = None, kind: str = "model", base_model: str | None = None):
+    """The `huggingface_hub.ModelCard` for the export of `checkpoint` (`str(card)` is the README.md).
+
+    `kind`: "model" (every weight trained), "adapter" (a LoRA run's adapter folder) or "merged" (the base with the
+    adapter merged in). `base_model`: the base's hub id when the run's own record does not give one."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     checkpoint = Path(checkpoint)
@@ -107,7 +125,8 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     recipe = marker.get("recipe") or {}
     speed = marker.get("throughput") or {}
     history = _history(checkpoint)
-    base_model = hub_id(sources.get("base_model"))
+    lora = _lora(checkpoint) if kind != "model" else {}
+    base_model = hub_id(base_model) or hub_id(sources.get("base_model")) or hub_id(lora.get("base_model_name_or_path"))
     datasets = [d for d in map(hub_id, sources.get("datasets") or []) if d]
     name = model_name or (checkpoint.name if finished else checkpoint.parent.name) or "model"
     step = finished.get("global_step") if finished else checkpoint_step(checkpoint)
@@ -123,27 +142,43 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
                               metric_value=round(perplexity(eval_loss), 4), **where)]
     data = ModelCardData(
         base_model=base_model, datasets=datasets or None,
-        license=license or training.get("hub_license") or DEFAULT_LICENSE, library_name="transformers",
+        license=license or training.get("hub_license") or DEFAULT_LICENSE,
+        library_name="peft" if kind == "adapter" else "transformers",
         pipeline_tag="text-generation", model_name=name, eval_results=results or None,
-        tags=["hf_zero3", "deepspeed", "zero3", "generated_from_trainer"]
+        tags=["hf_zero3", "deepspeed", "zero3", "generated_from_trainer"] + (["lora"] if lora else [])
         + ([f"recipe:{recipe['name']}"] if recipe.get("name") else []))
 
     origin = (f"a fine-tuned version of [{base_model}]({HUB}/{base_model})" if base_model
-              else "fine-tuned from a local model" if sources.get("base_model") else "trained from scratch")
+              else "fine-tuned from a local model" if sources.get("base_model") or lora else "trained from scratch")
     on = f" on {', '.join(f'[{d}]({HUB}/datasets/{d})' for d in datasets)}" if datasets else ""
     intro = (f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer through hf_zero3. "
              "Load it with `AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+    if kind == "merged":
+        intro = (f"This model is {origin}{on}: a {_lora_text(lora)} trained with DeepSpeed ZeRO-3 and the Hugging "
+                 "Face Trainer through hf_zero3, merged into the base weights. Load it with "
+                 "`AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+    elif kind == "adapter":
+        of = f"[{base_model}]({HUB}/{base_model})" if base_model else "a local base model"
+        load = base_model or "BASE_MODEL"
+        intro = (f"This is a {_lora_text(lora)} for {of}{on}, trained with DeepSpeed ZeRO-3 and the Hugging Face "
+                 f"Trainer through hf_zero3. Load it with peft: `PeftModel.from_pretrained(AutoModelForCausalLM."
+                 f"from_pretrained(\"{load}\"), \"THIS_REPO\")`, or merge it with `hf-zero3 export --merge`.")
     lines = [f"# {name}", "", intro, ""]
     if eval_loss is not None:
         lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
                   f"- Loss: {eval_loss:.4f}", f"- Perplexity: {perplexity(eval_loss):.4f}", ""]
     lines += ["## Training procedure", ""]
     recipe_text = f"`{recipe['name']}` {recipe.get('version') or ''}".strip() if recipe.get("name") else "none (custom)"
+    masters = "the fp32 master weights (DeepSpeed zero_to_fp32)"
+    weights = {"model": f"- Weights: {dtype}, from {masters}",
+               "adapter": f"- Adapter weights: {dtype}, from "
+                          f"{masters if (checkpoint / 'latest').is_file() else 'the adapter the run saved'}",
+               "merged": f"- Weights: {dtype}, the base's with the adapter merged in"}[kind]
     lines += [f"- Recipe: {recipe_text}",
               f"- Checkpoint: step {step}, saved {(finished or marker).get('finished_at' if finished else 'written_at', 'at an unknown time')}",
               f"- Final training loss: {loss:.4f} (step {loss_step})" if loss is not None else
               "- Final training loss: not logged",
-              f"- Weights: {dtype}, from the fp32 master weights (DeepSpeed zero_to_fp32)", ""]
+              weights, ""]
     lines += ["### Training hyperparameters", "", "The following hyperparameters were used during training:", ""]
     world_size = int(marker.get("world_size") or (marker.get("hardware") or {}).get("ranks") or 1)
     lines += [f"- {k}: {v}" for k, v in hyperparameters(training, world_size, marker.get("ds_config")).items()]

@@ -17,14 +17,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hf_zero3.checkpoint import adapter
 from hf_zero3.checkpoint.card import model_card
 from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
     deepspeed_tag_dir,
+    holds_adapter,
     is_complete,
     newest_complete,
     read_finished,
     universal_tag,
+    verify_adapter,
     verify_checkpoint,
     verify_weights,
 )
@@ -53,6 +56,11 @@ def finished_zero_shards(folder: Path) -> bool:
 
 def _require_complete(checkpoint: Path) -> None:
     if finished_zero_shards(checkpoint):
+        return
+    if holds_adapter(checkpoint) and read_finished(checkpoint) is not None:  # a LoRA run's final adapter
+        if problems := verify_adapter(checkpoint):
+            raise CheckpointError(f"{checkpoint}: its final adapter is not sound: {'; '.join(problems[:5])}. "
+                                  f"{_instead(checkpoint)}")
         return
     if not is_complete(checkpoint) and (problems := verify_checkpoint(checkpoint)):
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint: {'; '.join(problems[:5])}. "
@@ -131,28 +139,38 @@ def _staging(out: Path) -> tuple[Path, Path]:
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: str = "bf16",
                       max_shard_size: str | int = "5GB", license: str | None = None,
-                      progress: Callable[[str], None] | None = None) -> Path:
+                      progress: Callable[[str], None] | None = None, merge: bool = False,
+                      base: str | None = None) -> Path:
     """Write `out`: sharded safetensors of the fp32 master weights cast to `dtype`, config, tokenizer, card.
 
     Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, as
     `save_pretrained` does; `from_pretrained` ties them again. Arguments are checked before anything is
     written, and a failed export leaves nothing behind (the staging folder and any folder it created go).
     `license` goes into the card's metadata (default: the run's `hub_license`, else "other"); `progress` gets a
-    line per shard written (an 8B export takes minutes).
+    line per shard written (an 8B export takes minutes). A LoRA run's checkpoint or final adapter exports as the
+    adapter folder, or with `merge` as the base model (`base`: default the one it was trained on) with the adapter
+    merged in (hf_zero3.checkpoint.adapter).
     """
     checkpoint, out = Path(checkpoint), Path(os.path.realpath(out))  # ".", a link: the folder it names
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     max_shard_size = shard_bytes(max_shard_size)
+    adapter = holds_adapter(checkpoint)
+    if (merge or base) and not adapter:
+        raise CheckpointError(f"{checkpoint} holds a full model, not a LoRA adapter: --merge and --base are for a "
+                              "LoRA run's checkpoint or output_dir; drop them to export it")
     _require_complete(checkpoint)
     if out == checkpoint.resolve() or checkpoint.resolve() in out.parents:
         raise CheckpointError(f"{out} is inside {checkpoint}, which keep-last-N deletes with everything in it: "
                               "export to a folder outside the checkpoint")
     tmp, created = _staging(out)
     try:
-        _write_export(checkpoint, tmp, dtype, max_shard_size, license, progress)
-        if problems := verify_weights(tmp, shapes_from=checkpoint):
-            raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
+        if adapter:
+            _write_adapter_export(checkpoint, tmp, dtype, max_shard_size, license, progress, merge, base)
+        else:
+            _write_export(checkpoint, tmp, dtype, max_shard_size, license, progress)
+            if problems := verify_weights(tmp, shapes_from=checkpoint):
+                raise CheckpointError(f"export of {checkpoint} is wrong: {'; '.join(problems)}")
         tmp.rename(out)
         release_staging(tmp)
     except BaseException as e:
@@ -207,6 +225,18 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, 
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     generation_ready(tmp)
     (tmp / "README.md").write_text(str(model_card(checkpoint, dtype=dtype, license=license)))
+
+
+def _write_adapter_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, license: str | None,
+                          progress: Callable[[str], None] | None, merge: bool, base: str | None) -> None:
+    def card(kind: str) -> str:
+        return str(model_card(checkpoint, dtype=dtype, license=license, kind=kind, base_model=base))
+
+    if merge:
+        adapter.write_merged(checkpoint, tmp, DTYPES[dtype], base, max_shard_size, card, progress)
+        generation_ready(tmp)
+    else:
+        adapter.write_adapter(checkpoint, tmp, DTYPES[dtype], card, progress)
 
 
 def generation_ready(folder: Path) -> None:

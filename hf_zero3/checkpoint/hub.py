@@ -13,14 +13,16 @@ from collections.abc import Callable
 from fnmatch import fnmatch
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError, verify_weights
+from hf_zero3.checkpoint.lifecycle import ADAPTER_CONFIG, CheckpointError, holds_adapter, verify_weights
 
-PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer*",
+PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", ADAPTER_CONFIG,
+          "tokenizer*",
           "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*", "README.md"]
 """What a push uploads from the folder: model files and the card, never optimizer or RNG state."""
 STALE_WEIGHTS = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json"]
 """The model weights (the names `hf-zero3 export` writes) already in the repo that a push removes unless it uploads
-them again (`upload_folder` only adds); other files there, an adapter's weights say, are the user's and stay."""
+them again (`upload_folder` only adds); other files there, an adapter's weights say, are the user's and stay.
+An adapter push replaces the adapter's files and leaves model weights alone."""
 
 
 def check_repo_id(repo_id: str | None, setting: str = "repo id") -> str:
@@ -115,7 +117,8 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
     if problems := verify_weights(folder):
         raise CheckpointError(f"not pushing {folder}: {'; '.join(problems)}. Push a folder written by "
                               "`hf-zero3 export`")
-    if not (folder / "config.json").is_file():
+    adapter = holds_adapter(folder)
+    if not adapter and not (folder / "config.json").is_file():
         raise CheckpointError(f"not pushing {folder}: no config.json, so from_pretrained could not load it")
     if progress:
         files = [p for p in folder.iterdir() if p.is_file() and any(fnmatch(p.name, pattern) for pattern in PUSHED)]
@@ -129,7 +132,7 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, 
         # the weights of an earlier push go in the same commit: a single model.safetensors left beside a new
         # sharded index would be what from_pretrained loads
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, allow_patterns=PUSHED,
-                                 delete_patterns=STALE_WEIGHTS,
+                                 delete_patterns=None if adapter else STALE_WEIGHTS,
                                  commit_message=commit_message or f"Upload {folder.name} with hf_zero3")
     except Exception as e:
         raise _push_error(e, repo_id) from e

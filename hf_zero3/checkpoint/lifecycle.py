@@ -230,16 +230,104 @@ def param_shapes(checkpoint: str | os.PathLike) -> tuple[dict[str, tuple[int, ..
     return shapes, dict(state.get("shared_params") or {})
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+"""What peft's save_pretrained writes for a LoRA run (checkpoints, the final model, `hf-zero3 export`)."""
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_NAME = "default"
+"""The name peft gives the one adapter a run trains; it is in the parameter names, not in the saved keys."""
+ADAPTER_RTOL = 1e-3
+"""How far a saved adapter tensor's norm may be from the trained parameter's: summation order only."""
+
+
+def holds_adapter(folder: str | os.PathLike) -> bool:
+    """A peft adapter folder (a LoRA run's checkpoint or final model, an adapter export): its config and no model
+    weights of its own."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file() and not _weight_files(Path(folder))
+
+
+def adapter_key(name: str, adapter: str = ADAPTER_NAME) -> str:
+    """A trained parameter's name as peft saves it, without the adapter's name (`q_proj.lora_A.default.weight` ->
+    `q_proj.lora_A.weight`): peft's own rule (`_remove_adapter_name_from_key`) where this peft has it."""
+    from peft.tuners.lora import LoraModel
+
+    rule = getattr(LoraModel, "_remove_adapter_name_from_key", None)
+    return rule(name, adapter) if rule is not None else name.replace(f".{adapter}", "")
+
+
+def adapter_tensors(folder: str | os.PathLike) -> dict:
+    """{saved key: tensor} of an adapter folder's weights (an adapter is small: read whole)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+
+
+def verify_adapter(folder: str | os.PathLike, expected: dict[str, tuple[tuple[int, ...], float]] | None = None,
+                   shapes_from: str | os.PathLike | None = None) -> list[str]:
+    """Problems with a saved LoRA adapter: its config, every trained tensor there with its real shape (never the
+    `torch.Size([0])` placeholder of a ZeRO-3 partition), finite, and with a non-zero norm.
+
+    `expected` ({saved key: (shape, norm)} of the trained parameters, gathered when the save was made): the saved
+    tensors must be exactly these, each norm within `ADAPTER_RTOL` of the trained one; a zero norm passes only
+    where the trained parameter is zero too (LoRA's B starts at zero and stays there while the learning rate is
+    0, the first warm-up step). Without it, the shapes come from DeepSpeed's model states in `shapes_from`
+    (default: `folder`, when it holds them), and every lora_A must be non-zero (peft initialises A at random,
+    B at zero).
+    """
+    import torch
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        if not isinstance(config, dict) or "peft_type" not in config:
+            return [f"{ADAPTER_CONFIG} is not a peft adapter config (no peft_type)"]
+    except (OSError, ValueError) as e:
+        return [f"{ADAPTER_CONFIG} is missing or unreadable ({e})"]
+    try:
+        saved = adapter_tensors(folder)
+    except Exception as e:  # safetensors raises its own error types for a truncated file
+        return [f"{ADAPTER_WEIGHTS} is missing or unreadable ({e})"]
+    if not saved:
+        return [f"{ADAPTER_WEIGHTS} holds no tensors (the adapter was not gathered when it was saved)"]
+    if expected is None:
+        source = Path(shapes_from or folder)
+        shapes = param_shapes(source)[0] if (source / "latest").is_file() else {}
+        expected_shapes = {adapter_key(name): shape for name, shape in shapes.items()}
+    else:
+        expected_shapes = {key: tuple(shape) for key, (shape, _) in expected.items()}
+    problems = [f"{key}: saved with shape {tuple(t.shape)} (no values)" for key, t in saved.items() if t.numel() == 0]
+    problems += [f"{key}: not finite" for key, t in saved.items() if t.numel() and not torch.isfinite(t).all()]
+    if missing := [k for k in expected_shapes if k not in saved]:
+        problems.append(f"{len(missing)} trained adapter tensor(s) missing from {ADAPTER_WEIGHTS}, e.g. {missing[0]}")
+    if expected_shapes and (extra := [k for k in saved if k not in expected_shapes]):
+        problems.append(f"{len(extra)} tensor(s) in {ADAPTER_WEIGHTS} that were not trained, e.g. {extra[0]}")
+    problems += [f"{k}: shape {tuple(saved[k].shape)} saved, {expected_shapes[k]} trained"
+                 for k in expected_shapes if k in saved and tuple(saved[k].shape) != expected_shapes[k]][:3]
+    norms = {k: float(t.double().norm()) for k, t in saved.items() if t.numel()}
+    if expected is not None:
+        for key, (_, trained) in expected.items():
+            got = norms.get(key)
+            if got is not None and abs(got - trained) > ADAPTER_RTOL * max(abs(trained), 1e-12):
+                problems.append(f"{key}: norm {got:.6g} saved, {trained:.6g} trained" if got else
+                                f"{key}: saved as zeros, but the trained tensor's norm is {trained:.6g}")
+    else:
+        problems += [f"{k}: all zeros (peft initialises lora_A at random and training never zeroes it)"
+                     for k, n in norms.items() if n == 0 and ".lora_A." in k][:3]
+    return problems
+
+
 def verify_weights(checkpoint: str | os.PathLike, shapes_from: str | os.PathLike | None = None) -> list[str]:
     """Problems with the gathered 16-bit weights: every trained parameter present, right shape, not empty.
 
     "Trained parameters" are the ones DeepSpeed's model states list (tied copies excepted). Reads only
     headers, so it costs milliseconds even for a 70B model. `shapes_from`: the DeepSpeed checkpoint to
-    compare with (default: `checkpoint` itself; an exported folder passes its source).
+    compare with (default: `checkpoint` itself; an exported folder passes its source). A LoRA run's folder
+    holds its adapter instead: `verify_adapter`.
     """
     from safetensors import safe_open
 
     checkpoint = Path(checkpoint)
+    if holds_adapter(checkpoint):
+        return verify_adapter(checkpoint, shapes_from=shapes_from)
     files = _weight_files(checkpoint)
     if not files:
         return ["no model.safetensors (16-bit weights gathering is on, so the Trainer should have written it)"]

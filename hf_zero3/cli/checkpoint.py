@@ -10,7 +10,8 @@ from hf_zero3.argtypes import parse_size, positive_int  # the one size grammar
 
 def add_arguments(verbs) -> None:
     """Add the export, reshard and push verbs to the `hf-zero3` subparsers."""
-    export = verbs.add_parser("export", help="ZeRO-3 checkpoint -> plain HF folder (sharded safetensors)")
+    export = verbs.add_parser("export", help="ZeRO-3 checkpoint -> plain HF folder (sharded safetensors), or a LoRA "
+                                             "run's adapter folder (merged into the base with --merge)")
     export.add_argument("checkpoint", help="a complete checkpoint-N folder")
     export.add_argument("out", help="new (or empty) output folder")
     export.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="weights dtype (default bf16)")
@@ -18,6 +19,11 @@ def add_arguments(verbs) -> None:
                         help="max safetensors shard size, e.g. 5GB, 500MB (10^n bytes), 1GiB (2^30 bytes)")
     export.add_argument("--license", help="the model card's license, e.g. apache-2.0 or llama3.1 (the base model's); "
                                           "default: the run's hub_license, else other")
+    export.add_argument("--merge", action="store_true",
+                        help="a LoRA checkpoint or output_dir: write the base model with the adapter merged into its "
+                             "weights (default: the adapter folder); needs host RAM for the base in --dtype")
+    export.add_argument("--base", help="with --merge: the base model folder or hub id (default: the one the adapter "
+                                       "was trained on); also names the base in the card")
     export.set_defaults(func=main)
 
     reshard = verbs.add_parser("reshard", help="add a DeepSpeed universal copy, to resume on another world size")
@@ -25,8 +31,9 @@ def add_arguments(verbs) -> None:
     reshard.add_argument("--workers", type=positive_int, default=2, help="processes for the conversion")
     reshard.set_defaults(func=main)
 
-    push = verbs.add_parser("push", help="upload an exported folder to the Hub (token: HF_TOKEN or hf auth login)")
-    push.add_argument("folder", help="a folder written by `hf-zero3 export`")
+    push = verbs.add_parser("push", help="upload an exported folder (a model or a LoRA adapter) to the Hub (token: "
+                                         "HF_TOKEN or hf auth login)")
+    push.add_argument("folder", help="a folder written by `hf-zero3 export` (with or without --merge)")
     push.add_argument("--repo-id", required=True, help="ORG/NAME")
     push.add_argument("--private", action="store_true", help="create the repo private")
     push.add_argument("--revision", help="branch to push to (created if needed)")
@@ -42,8 +49,10 @@ def main(args: argparse.Namespace) -> int:
             from hf_zero3.checkpoint.export import export_checkpoint
 
             out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, max_shard_size=args.shard_size,
-                                    license=args.license, progress=lambda line: print(line, file=sys.stderr, flush=True))
-            print(f"exported {args.checkpoint} -> {out} ({args.dtype})")
+                                    license=args.license, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                    merge=args.merge, base=args.base)
+            what = "merged model" if args.merge else "adapter" if (out / "adapter_config.json").is_file() else "model"
+            print(f"exported {args.checkpoint} -> {out} ({what}, {args.dtype})")
         elif args.verb == "reshard":
             from hf_zero3.checkpoint.export import reshard_checkpoint
 

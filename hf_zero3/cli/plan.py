@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--from-scratch", action="store_true",
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
+    run.add_argument("--lora-rank", type=positive_int, metavar="R",
+                     help="LoRA of rank R on every linear layer (the recipe's peft: block): only the adapter trains, "
+                     "the base is frozen")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -116,9 +119,14 @@ def main(args: argparse.Namespace) -> int:
         hardware = _hardware(args)
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
+        trainable = None
+        if args.lora_rank:
+            from hf_zero3.plan.lora import adapter_params
+
+            trainable = adapter_params(shape, args.lora_rank)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None, liger=liger)
+                        load_bytes=4 if args.from_scratch else None, liger=liger, trainable=trainable)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -118,12 +118,12 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-               load_bytes: int | None = None, liger: bool = False) -> list[Plan]:
-    """Every configuration the planner considers, cheapest first."""
+               load_bytes: int | None = None, liger: bool = False, trainable: int | None = None) -> list[Plan]:
+    """Every configuration the planner considers, cheapest first (`trainable`: see `Training.trainable`)."""
     plans, kept_seen = [], set()
     for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
-            kept = gpu_kept_optimizer_elements(rung, math.ceil(shape.params / hardware.world_size))[0]
+            kept = gpu_kept_optimizer_elements(rung, math.ceil((trainable or shape.params) / hardware.world_size))[0]
             key = (kept, rung.offload_optimizer.pin_memory)
             if kept == 0 or key in kept_seen:
                 continue
@@ -137,7 +137,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": batch.global_batch(micro, accum, hardware.world_size)})
-                training = Training(seq_len, micro, accum, attention, load_bytes, liger)
+                training = Training(seq_len, micro, accum, attention, load_bytes, liger, trainable)
                 plans.append(plan(shape, hardware, training, spec))
                 if checkpointing and not offload:
                     plans += [p for p in [fewest_checkpointed(shape, hardware, training, spec)] if p is not None]
@@ -180,16 +180,17 @@ class Choice:
 
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None) -> Choice:
+           load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None,
+           trainable: int | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
     micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only
     tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
-    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`)."""
+    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`); `trainable`: `Training.trainable`."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
-              "attention": attention, "load_bytes": load_bytes, "liger": liger}
+              "attention": attention, "load_bytes": load_bytes, "liger": liger, "trainable": trainable}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     whole = [p for p in tried if not is_partial(p)]
     fitting = [p for p in whole if p.fits and not p.tight] or [p for p in whole if p.fits]

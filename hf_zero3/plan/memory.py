@@ -136,11 +136,16 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     W, g = hardware.world_size, hardware.gpus_per_node
     stage, opt = spec.stage, spec.offload_optimizer.device
     prm = spec.offload_param.device if stage == 3 else "none"
-    part = math.ceil(P / W)
-    param_n, grad_n, state_n = (part if stage == 3 else P), (part if stage >= 2 else P), (part if stage >= 1 else P)
-    shard = lambda n: f"{_count(P)} / {W} GPUs" if n == part else f"{_count(P)} (whole model on every GPU)"
+    lora = training.trainable is not None
+    T = training.trainable if lora else P  # what trains: LoRA's adapter, on top of the frozen base
+    held = P + T if lora else P
+    part, tpart = math.ceil(held / W), math.ceil(T / W)
+    param_n, grad_n, state_n = (part if stage == 3 else held), (tpart if stage >= 2 else T), (tpart if stage >= 1 else T)
+    shard = lambda n, of=held: (f"{_count(of)} / {W} GPUs" if n == math.ceil(of / W)  # noqa: E731
+                                else f"{_count(of)} (whole model on every GPU)")
     terms: list[Term] = []
-    notes: list[str] = []
+    notes: list[str] = [f"LoRA: {_count(T)} adapter parameters train, the {_count(P)} of the base are frozen (their "
+                        "16-bit partitions only: no gradients, fp32 master or optimizer states)"] if lora else []
 
     def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True,
             phase: str = "always"):
@@ -152,10 +157,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
     add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
-        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n)}")
+        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
     kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n)
     if kept:  # partial offload: the first sub-groups keep their fp32 states and gradients on the GPU
-        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n)} (ratio {spec.offload_optimizer.ratio:g}: "
+        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n, T)} (ratio {spec.offload_optimizer.ratio:g}: "
                  f"int((1 - ratio) x {groups}) stay)")
         add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
         add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
@@ -164,20 +169,20 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
             phase="step")
     rest = f" less the {_count(kept)} on the GPU" if kept else ""
-    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n)}{rest}")
+    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n, T)}{rest}")
     sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n - kept
     add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
-        4 * sub_group, f"4 B x {shard(state_n)}{rest}" if sub_group == state_n - kept
+        4 * sub_group, f"4 B x {shard(state_n, T)}{rest}" if sub_group == state_n - kept
         else f"4 B x sub_group_size {_count(sub_group)}", phase="step")
     if stage == 3 and opt == "none":  # stage3 _prepare_fp32_grad_for_sub_group: flatten(16-bit grads).to(fp32)
         add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
             f"{b} B x {_count(sub_group)}", "buffer", phase="step")
     if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
-        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n)}",
+        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n, T)}",
             "buffer", phase="step")
     if stage == 2 and opt == "none" and W > 1:
         add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
-            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8", "buffer",
+            f"{b} B x {shard(grad_n, T)}: measured, DeepSpeed 0.19.8", "buffer",
             phase="backward")
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
@@ -287,7 +292,10 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         "overhead", False)
     # Host RAM per node beyond offloaded states.
     add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
-    if stage == 3 and spec.gather_16bit_weights_on_save:
+    if stage == 3 and lora:  # the Trainer gathers a peft model's trainable parameters only, whatever the setting
+        terms.append(Term("16-bit adapter gathered on rank 0 to save", "host", b * T,
+                          f"{b} B x {_count(T)} at every save (the frozen base is not saved)", "buffer"))
+    elif stage == 3 and spec.gather_16bit_weights_on_save:
         terms.append(Term("16-bit model gathered on rank 0 to save", "host", b * P,
                           f"{b} B x {_count(P)} at every save (checkpoints, the final model): "
                           "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
@@ -301,8 +309,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
         terms.append(Term("start-up: ranks at rest", "host", g * STARTUP_RANK_BYTES,
                           f"{gb(STARTUP_RANK_BYTES)} x {g} GPUs/node (measured: the 7b's rank beside its copy below)",
                           "overhead", phase="startup"))
-        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * part,
-                          f"{b} B x {shard(part)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
+        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * tpart,
+                          f"{b} B x {shard(tpart, T)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
                           "flat 16-bit buffer through a host tensor (`defragment`, runtime/zero/utils.py); measured "
                           "on 1 x H200: 13.74 GiB held by the 7b's rank for 12.55 GiB of partitions", "buffer",
                           phase="startup"))

@@ -120,12 +120,13 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
 def saves_line(plan, hardware) -> str:
     """What each checkpoint and the final model write, against the disk the profile names: a checkpoint larger
     than that disk means output_dir must go on another volume (`hf-zero3 train` refuses to start otherwise)."""
-    spec = plan.spec
-    gathered = spec.stage != 3 or spec.gather_16bit_weights_on_save
-    checkpoint, final = save_size(plan.shape.params, element_bytes(spec.precision),
+    spec, lora = plan.spec, plan.training.trainable is not None  # LoRA saves only the adapter, always gathered
+    gathered = spec.stage != 3 or spec.gather_16bit_weights_on_save or lora
+    checkpoint, final = save_size(plan.training.trainable or plan.shape.params, element_bytes(spec.precision),
                                   {"zero_optimization": {"stage": spec.stage}}, "AdamW", gathered)
     line = (f"a checkpoint {gb(checkpoint.total)} (fp32 weights + Adam moments"
-            + (", 16-bit weights" if gathered else "") + f"), the final model {gb(final.total)}"
+            + (", 16-bit weights" if gathered else "") + f"{' of the adapter' if lora else ''}), the final "
+            f"{'adapter' if lora else 'model'} {gb(final.total)}"
             + ("" if gathered else " (ZeRO shards: hf-zero3 export writes the HF folder)"))
     disk = hardware.nvme_free
     if disk and hardware.nodes == 1 and checkpoint.total > disk - plan.nvme_bytes:

@@ -116,11 +116,17 @@ class Training:
     liger: bool = False
     """Liger kernels (`use_liger_kernel`): RMSNorm keeps its 16-bit input and an fp32 rstd per row, SwiGLU keeps
     gate and up and recomputes the activation, and the fused linear cross-entropy never holds the whole logits."""
+    trainable: int | None = None
+    """LoRA: the adapter's parameters (`plan.lora.adapter_params`), the only ones that train; they come on top of the
+    frozen base, which keeps its 16-bit partitions and nothing else (no gradients, fp32 master or optimizer states).
+    None: every parameter trains. Activations are planned as without LoRA."""
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.trainable is not None and self.trainable < 1:
+            raise PlanError(f"trainable must be >= 1 (got {self.trainable}): the adapter's parameter count")
         if self.load_bytes not in (None, 2, 4):
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
         if self.attention not in ATTENTIONS:

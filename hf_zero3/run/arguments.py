@@ -55,6 +55,9 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel: sdpa, eager, flash_attention_2."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    peft: dict | None = field(
+        default=None, metadata={"help": "LoRA on the frozen base: {r, alpha, dropout, target_modules (a list, or "
+                                        "all-linear)}. See docs/lora.md."})
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
+from hf_zero3.run import lora
 from hf_zero3.run.arguments import TrainingArguments, UsageError
 from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
 
@@ -133,6 +134,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
     problems += _ds_config_problems(values, device)
+    problems += lora.problems(values)
     if problems:
         raise UsageError("\n".join(problems))
 

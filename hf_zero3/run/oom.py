@@ -39,12 +39,13 @@ def this_machine(training_args: Any) -> Hardware:
 
 
 def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False,
-                       hardware: Hardware | None = None) -> str:
-    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size (and the machines,
-    default `this_machine`)."""
+                       trainable: int | None = None, hardware: Hardware | None = None) -> str:
+    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size (`trainable`: a LoRA
+    run's adapter parameters, `Training.trainable`; the machines default to `this_machine`)."""
     facts = RunFacts.from_args(training_args, seq_len, model_config)
     spec = facts.spec(ds_config_of(training_args))
-    training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger)
+    training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger,
+                        trainable=trainable)
     path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
     return oom_advice(shape_from_config(model_config), hardware or this_machine(training_args), training, spec,
                       host=host, ds_config_path=path)

@@ -12,7 +12,13 @@ import shutil
 from pathlib import Path
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.checkpoint.lifecycle import resume_step, rotate, verify_complete, write_finished
+from hf_zero3.checkpoint.lifecycle import (
+    ADAPTER_WEIGHTS,
+    resume_step,
+    rotate,
+    verify_complete,
+    write_finished,
+)
 from hf_zero3.run.arguments import UsageError
 from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
 
@@ -63,7 +69,7 @@ def finish_from(checkpoint: Path, output_dir: Path, args) -> None:
                 tmp.unlink(missing_ok=True)
                 shutil.copy2(path, tmp)
                 os.replace(tmp, target)
-        if not any(output_dir.glob("model*.safetensors")):
+        if not any(output_dir.glob("model*.safetensors")) and not (output_dir / ADAPTER_WEIGHTS).is_file():
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
                   "<folder>` writes the final model", flush=True)
         for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet

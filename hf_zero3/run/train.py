@@ -24,6 +24,7 @@ from hf_zero3.callbacks import (
     default_callbacks,
     install_callbacks,
 )
+from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapter_on_all_ranks
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
 from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
 from hf_zero3.checkpoint.export import generation_ready
@@ -36,7 +37,7 @@ from hf_zero3.checkpoint.lifecycle import (
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
-from hf_zero3.run import activation_offload
+from hf_zero3.run import activation_offload, lora
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -105,7 +106,7 @@ def _batching(prepared, model, tokenizer) -> dict[str, Any]:
     would let packed examples attend to each other."""
     from transformers import default_data_collator
 
-    from hf_zero3.data import build, collate, metrics  # as in packing_problems
+    from hf_zero3.data import build, collate, metrics  # datasets takes a second (see run.checks)
 
     extra = {"compute_metrics": metrics.token_accuracy, "preprocess_logits_for_metrics": metrics.predicted_tokens}
     if prepared.layout == build.BLOCKS:
@@ -128,13 +129,15 @@ def _banner(trainer) -> str:
             f"{facts.precision} | device {args.device}")
 
 
-def _explain_oom(error: BaseException, model_config, training_args, seq_len: int) -> None:
-    """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised)."""
+def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
+                 trainable: int | None = None) -> None:
+    """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
+    `trainable`: a LoRA run's adapter parameters."""
     kind = oom_kind(error)
     if kind is None:
         return
     try:
-        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host")
+        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", trainable=trainable)
     except Exception as planner_error:  # noqa: BLE001 -- never hide the OOM behind a planner problem
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
@@ -215,6 +218,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args)
+    if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
+        try:
+            model = lora.apply(model, lora.parse(model_args.peft), training_args)
+        except ValueError as e:  # targets peft cannot adapt (checked before start where the config was at hand)
+            raise UsageError(f"peft: {e}") from e
+        if is_world_process_zero():
+            print(lora.describe(model), flush=True)
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)
@@ -226,7 +236,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
         callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
-                                        tokens_per_sample=prepared.tokens_per_row),
+                                        tokens_per_sample=prepared.tokens_per_row, lora=model_args.peft is not None),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
@@ -250,11 +260,14 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        _explain_oom(error, model.config, training_args, data_args.block_size)
+        _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
         raise
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
+        if model_args.peft is not None and (problems := verify_adapter_on_all_ranks(model, training_args.output_dir)):
+            raise CheckpointError(f"the final adapter in {training_args.output_dir} is not the trained one: "
+                                  f"{'; '.join(problems[:5])}. The run is not marked finished")
         if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
             generation_ready(Path(training_args.output_dir))
     trainer.save_state()
@@ -271,7 +284,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if trainer.is_world_process_zero():
         out = Path(training_args.output_dir)
         write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
-        shards = training_args.save_final_model and not weights_gathered(ds_config_of(trainer.args))
+        shards = training_args.save_final_model and model_args.peft is None and not weights_gathered(
+            ds_config_of(trainer.args))
         write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
                              "num_train_epochs": training_args.num_train_epochs,
                              **({"zero_shards": (out / "latest").read_text().strip()} if shards else {})})

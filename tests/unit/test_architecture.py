@@ -99,6 +99,20 @@ def render_layers() -> str:
     return "\n".join(lines)
 
 
+def test_every_import_names_a_module_that_exists():
+    """`from hf_zero3.x import y` where x is gone (moved to its owner) fails here, not at some run's import."""
+    mods, missing = modules(), []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("hf_zero3"):
+                if node.module not in mods:
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                missing += [f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}" for a in node.names
+                            if a.name.startswith("hf_zero3") and a.name not in mods]
+    assert not missing, "\n".join(missing)
+
+
 def test_every_module_has_a_layer():
     unplaced = sorted(m for m in modules() if place(m) is None)
     assert not unplaced, f"modules in no layer: {unplaced}: add each to LAYERS and docs/architecture.md"

@@ -280,3 +280,22 @@ def test_export_takes_the_folder_a_path_names_and_never_one_inside_the_checkpoin
         (tmp_path / "link").symlink_to(target)
         out = export_checkpoint(folder, tmp_path / "link")
     assert out == target and (target / "model.safetensors").is_file() and ckpt.verify_weights(target, folder) == []
+
+
+def test_an_adapter_folder_pushes_its_adapter_and_leaves_the_repo_s_model_weights(hub, tmp_path):
+    """A LoRA export (adapter_config.json, adapter_model.safetensors) pushes without a config.json; model weights
+    already in the repo are the user's to keep."""
+    from safetensors.torch import save_file
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"base_model.model.layers.0.q_proj.lora_A.weight": torch.ones(2, 4),
+               "base_model.model.layers.0.q_proj.lora_B.weight": torch.ones(4, 2)},
+              str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    hub.files[("org/name", "main")] = {"model.safetensors": b"the user's"}
+    proc = push(adapter, hub, tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert hub.commits[-1]["deleted"] == []
+    assert sorted(hub.files[("org/name", "main")]) == ["adapter_config.json", "adapter_model.safetensors",
+                                                       "model.safetensors"]

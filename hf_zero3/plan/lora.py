@@ -1,0 +1,32 @@
+"""How many parameters a LoRA adapter adds to a model shape: what trains in a LoRA run (`Training.trainable`).
+
+Pure arithmetic over the shape, like the rest of the planner: each adapted linear layer of `in` inputs and `out`
+outputs gets A (r x in) and B (out x r), r x (in + out) parameters (peft, bias "none"); a test checks the count
+against peft's own on a real model.
+"""
+
+from __future__ import annotations
+
+from hf_zero3.plan.shapes import ModelShape
+from hf_zero3.plan.types import PlanError
+
+ALL_LINEAR = "all-linear"
+
+
+def linear_layers(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """{name: (inputs, outputs)} of each linear layer of one decoder layer (Llama family; lm_head is not adapted)."""
+    h, q, kv, ffn = shape.hidden, shape.q_dim, shape.kv_dim, shape.ffn
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
+
+
+def adapter_params(shape: ModelShape, r: int, targets: str | list[str] = ALL_LINEAR) -> int:
+    """Parameters of a rank-`r` LoRA adapter on `targets` (module names, or "all-linear") of every layer."""
+    layers = linear_layers(shape)
+    names = list(layers) if targets == ALL_LINEAR else list(targets)
+    if unknown := [n for n in names if n not in layers]:
+        raise PlanError(f"LoRA targets {', '.join(unknown)}: the planner knows the linear layers "
+                        f"{', '.join(layers)} (or {ALL_LINEAR})")
+    if r < 1:
+        raise PlanError(f"LoRA rank must be >= 1 (got {r})")
+    return shape.layers * sum(r * sum(layers[n]) for n in dict.fromkeys(names))

@@ -1,0 +1,144 @@
+"""LoRA from the recipe's `peft:` block: the strict spec, its checks before anything starts, and the adapter put on
+the model the run built (with the peft library).
+
+Why here and not in the Trainer: the base is loaded under ZeRO-3 (partitioned as it loads), then peft adds the
+adapter layers; DeepSpeed partitions those when the engine starts, and its optimizer gets only what requires grad
+(the adapter). Gradient checkpointing with a frozen base needs the non-reentrant checkpoint: the reentrant one
+sees inputs that do not require grad and gives the adapter no gradient. What a save must hold and how it is
+checked: hf_zero3/callbacks/adapter_check.py; export and merge: hf_zero3/checkpoint/export.py; docs/lora.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ALL_LINEAR = "all-linear"
+"""peft's name for every linear layer of the decoder (the output layer, lm_head, excepted)."""
+
+
+class LoraSpec(BaseModel):
+    """The `peft:` block of a recipe YAML: a LoRA adapter on a frozen base."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    r: int = Field(16, ge=1, le=4096)
+    """Rank of each adapter (its A is r x in, its B out x r)."""
+    alpha: float = Field(32, gt=0)
+    """Scale numerator: the adapter's update is multiplied by alpha / r."""
+    dropout: float = Field(0.05, ge=0, lt=1)
+    """Dropout on the adapter's input, in training only."""
+    target_modules: list[str] | Literal["all-linear"] = Field(ALL_LINEAR, min_length=1)
+    """Module names to adapt, matched by their last name part (q_proj, v_proj, ...), or "all-linear"."""
+
+
+FIELDS = {
+    "r": "the adapter rank, an integer >= 1, e.g. 16",
+    "alpha": "the scale numerator (> 0; the update is scaled by alpha / r), e.g. 32",
+    "dropout": "a fraction in [0, 1), e.g. 0.05",
+    "target_modules": f'"{ALL_LINEAR}" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj]',
+}
+"""What each field takes: the fix named in its error."""
+PEFT_NAMES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target": "target_modules"}
+"""peft's own spellings (LoraConfig) and near misses, named in the error with ours."""
+
+
+def parse(value: Any) -> LoraSpec | None:
+    """The `peft:` value (a mapping, or None: no LoRA) as a LoraSpec; ValueError naming each bad field and its fix."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"peft must be a mapping of LoRA settings ({', '.join(FIELDS)}), not {value!r}: e.g. "
+                         "peft: {r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear}")
+    try:
+        return LoraSpec.model_validate(value)
+    except ValidationError as e:
+        lines: dict[str, str] = {}  # one line per field (a union reports each of its members)
+        for error in e.errors():
+            name = str(error["loc"][0]) if error["loc"] else "peft"
+            if error["type"] == "extra_forbidden":
+                close = [PEFT_NAMES[name]] if name in PEFT_NAMES else difflib.get_close_matches(name, FIELDS, n=1)
+                lines[name] = (f"peft.{name}: not a LoRA setting{f' (did you mean {close[0]}?)' if close else ''}: "
+                               f"the settings are {', '.join(FIELDS)}")
+            elif name in FIELDS:
+                lines.setdefault(name, f"peft.{name}: {error['msg'][0].lower()}{error['msg'][1:]} (got "
+                                       f"{value.get(name)!r}): give {FIELDS[name]}")
+        raise ValueError("\n".join(lines.values())) from None
+
+
+def unmatched_targets(spec: LoraSpec, module_names: list[str]) -> list[str]:
+    """The target names that match no module (peft matches a name to a module whose name ends in `.name`)."""
+    if spec.target_modules == ALL_LINEAR:
+        return []
+    return [t for t in spec.target_modules if not any(m == t or m.endswith(f".{t}") for m in module_names)]
+
+
+def problems(values: dict[str, Any]) -> list[str]:
+    """What is wrong with the `peft:` block of these arguments, before anything starts (every rank)."""
+    if values.get("peft") is None:
+        return []
+    try:
+        spec = parse(values["peft"])
+    except ValueError as e:
+        return str(e).splitlines()
+    if not values.get("model_name_or_path"):
+        return ["peft trains a LoRA adapter on pretrained weights, but no model_name_or_path is set: set it to the "
+                "base model (a folder or hub id), or drop the peft block to train every weight"]
+    names = _module_names(values)
+    if names is not None and (missing := unmatched_targets(spec, list(names))):
+        linear = sorted({n.rsplit(".", 1)[-1] for n, kind in names.items() if kind == "Linear"})
+        return [f"peft.target_modules: {', '.join(missing)} match(es) no module of {values['model_name_or_path']}: "
+                f"its linear layers are {', '.join(linear)} (or use {ALL_LINEAR})"]
+    return []
+
+
+def _module_names(values: dict[str, Any]) -> dict[str, str] | None:
+    """{module name: class name} of the model, built on the meta device from its config (no weights, no memory);
+    None when the config cannot be read here (a hub id not cached: peft checks the names when it applies)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(values["model_name_or_path"], local_files_only=True,
+                                            trust_remote_code=bool(values.get("trust_remote_code")))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(values.get("trust_remote_code")))
+    except (OSError, ValueError, KeyError):
+        return None
+    return {name: type(module).__name__ for name, module in model.named_modules() if name}
+
+
+def apply(model, spec: LoraSpec, training_args):
+    """`model` with the adapter of `spec` (a peft PeftModel; the base frozen). Gradient checkpointing is switched to
+    the non-reentrant checkpoint unless the arguments chose one. ValueError when peft refuses the targets."""
+    from peft import LoraConfig, get_peft_model
+
+    if training_args.gradient_checkpointing:
+        kwargs = dict(training_args.gradient_checkpointing_kwargs or {})
+        kwargs.setdefault("use_reentrant", False)
+        training_args.gradient_checkpointing_kwargs = kwargs
+        if kwargs["use_reentrant"]:  # the reentrant checkpoint passes gradients only to inputs that require them
+            model.enable_input_require_grads()
+    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
+                        target_modules=spec.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def trainable_params(model) -> int | None:
+    """The adapter's parameters of a peft model (ZeRO-3 counts partitioned parameters whole); None for another model."""
+    if not hasattr(model, "peft_config"):
+        return None
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+
+
+def describe(model) -> str:
+    """One line: the adapter's size against the model's."""
+    trainable = trainable_params(model)
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    config = model.peft_config["default"]
+    targets = config.target_modules if isinstance(config.target_modules, str) else ", ".join(sorted(config.target_modules))
+    return (f"hf_zero3: LoRA r {config.r}, alpha {config.lora_alpha:g}, dropout {config.lora_dropout:g} on {targets}: "
+            f"{trainable:,} trainable parameters of {total:,} ({100 * trainable / max(total, 1):.2f}%); the base is "
+            "frozen")

@@ -1,0 +1,170 @@
+"""LoRA's pieces on one process: the strict `peft:` block and its errors, the adapter checks a save must pass (real
+shapes, the trained norms), the key rule against peft's own, the card, the disk estimate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.run import lora
+from tests.conftest import ROOT
+
+TINY = str(ROOT / "assets/tiny/model")
+
+
+def small_peft_model(targets="all-linear"):
+    """A 1-layer Llama with a LoRA adapter (r 4) whose B is non-zero, as after some training."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    return model
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = small_peft_model()
+    model.save_pretrained(tmp_path / "adapter")
+    return model, tmp_path / "adapter"
+
+
+@pytest.mark.parametrize("block, field, fix", [
+    ({"r": 0}, "peft.r", "an integer >= 1"),
+    ({"rank": 8}, "peft.rank", "did you mean r?"),
+    ({"lora_alpha": 16}, "peft.lora_alpha", "did you mean alpha?"),
+    ({"dropout": 1.0}, "peft.dropout", "a fraction in [0, 1)"),
+    ({"target_modules": "q_proj"}, "peft.target_modules", '"all-linear" or a list of module names'),
+    ({"target_modules": []}, "peft.target_modules", '"all-linear" or a list of module names'),
+])
+def test_a_bad_peft_block_names_the_field_and_the_fix(block, field, fix):
+    with pytest.raises(ValueError) as e:
+        lora.parse(block)
+    assert str(e.value).startswith(f"{field}: ") and fix in str(e.value), e.value
+
+
+def test_every_bad_field_is_named_at_once_and_a_good_block_keeps_its_values():
+    with pytest.raises(ValueError) as e:
+        lora.parse({"r": -1, "alpha": 0, "colour": "red"})
+    assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["peft.r", "peft.alpha", "peft.colour"]
+    spec = lora.parse({"r": 8, "alpha": 16, "dropout": 0, "target_modules": ["q_proj", "v_proj"]})
+    assert (spec.r, spec.alpha, spec.dropout, spec.target_modules) == (8, 16, 0, ["q_proj", "v_proj"])
+    assert lora.parse({}).target_modules == "all-linear" and lora.parse(None) is None
+
+
+def test_targets_that_match_no_module_are_refused_before_start_with_the_modules_there():
+    (problem,) = lora.problems({"peft": {"target_modules": ["q_proj", "qkv_proj"]}, "model_name_or_path": TINY})
+    assert problem.startswith("peft.target_modules: qkv_proj match(es) no module of")
+    assert "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in problem
+    assert lora.problems({"peft": {"target_modules": ["q_proj", "v_proj"]}, "model_name_or_path": TINY}) == []
+    (scratch,) = lora.problems({"peft": {}, "config_name": TINY})
+    assert "set it to the base model" in scratch and "model_name_or_path" in scratch
+
+
+def test_the_yaml_block_and_a_json_override_reach_the_model_arguments(tmp_path):
+    from hf_zero3.run.arguments import load_arguments
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model_name_or_path: base\npeft:\n  r: 8\n  target_modules: [q_proj, v_proj]\n")
+    assert load_arguments([str(path)])["peft"] == {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    assert load_arguments([str(path), "--peft", '{"r": 4, "alpha": 8}'])["peft"] == {"r": 4, "alpha": 8}
+
+
+def test_the_saved_keys_are_the_parameter_names_by_peft_s_own_rule():
+    from peft import get_peft_model_state_dict
+
+    model = small_peft_model()
+    trained = {ckpt.adapter_key(n) for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == set(get_peft_model_state_dict(model)) and len(trained) == 2 * 7
+
+
+def test_a_saved_adapter_passes_against_the_trained_norms(saved):
+    from hf_zero3.callbacks.adapter_check import trained_adapter, verify_on_all_ranks
+
+    model, folder = saved
+    expected = trained_adapter(model)
+    assert len(expected) == 14 and all(norm > 0 for _, norm in expected.values())
+    assert verify_on_all_ranks(model, folder) == [] and ckpt.verify_adapter(folder) == []
+    assert ckpt.holds_adapter(folder) and ckpt.verify_weights(folder) == []
+
+
+def test_placeholders_zeros_and_other_values_are_refused(saved):
+    from safetensors.torch import save_file
+
+    from hf_zero3.callbacks.adapter_check import trained_adapter
+
+    model, folder = saved
+    expected = trained_adapter(model)
+    good = ckpt.adapter_tensors(folder)
+    a, b = sorted(k for k in good if ".q_proj." in k)
+    cases = {"placeholder": {**good, a: torch.empty(0)},  # what a ZeRO-3 module's own state dict holds
+             "zeros": {**good, a: torch.zeros_like(good[a])},
+             "other": {**good, b: 2 * good[b]},
+             "missing": {k: v for k, v in good.items() if k != b}}
+    found = {}
+    for case, tensors in cases.items():
+        save_file(tensors, str(folder / ckpt.ADAPTER_WEIGHTS))
+        found[case] = ckpt.verify_adapter(folder, expected)
+    assert found["placeholder"][0] == f"{a}: saved with shape (0,) (no values)"
+    assert f"{a}: saved as zeros, but the trained tensor's norm is" in found["zeros"][0]
+    assert found["other"] == [f"{b}: norm {2 * expected[b][1]:.6g} saved, {expected[b][1]:.6g} trained"]
+    assert found["missing"] == [f"1 trained adapter tensor(s) missing from adapter_model.safetensors, e.g. {b}"]
+    save_file({**good, a: torch.zeros_like(good[a])}, str(folder / ckpt.ADAPTER_WEIGHTS))  # without the norms
+    zeroed = f"{a}: all zeros (peft initialises lora_A at random and training never zeroes it)"
+    assert ckpt.verify_adapter(folder) == [zeroed]
+
+
+def test_a_b_that_is_still_zero_passes_where_the_trained_one_is_zero_too(tmp_path):
+    from hf_zero3.callbacks.adapter_check import trained_adapter
+
+    model = small_peft_model()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.zero_()  # peft's start, kept by a first step at learning rate 0 (warm-up)
+    model.save_pretrained(tmp_path)
+    assert ckpt.verify_adapter(tmp_path, trained_adapter(model)) == []
+
+
+def test_the_adapter_card_names_the_base_and_the_lora_settings(saved):
+    from huggingface_hub import ModelCard
+
+    from hf_zero3.checkpoint.card import model_card
+
+    _, folder = saved
+    card = ModelCard(str(model_card(folder, dtype="bf16", kind="adapter", base_model="meta-llama/Llama-3.1-8B")))
+    assert card.data.base_model == "meta-llama/Llama-3.1-8B" and card.data.library_name == "peft"
+    assert "lora" in card.data.tags
+    assert "LoRA adapter (rank 4, alpha 8" in card.text and 'from_pretrained("meta-llama/Llama-3.1-8B")' in card.text
+    local = str(model_card(folder, dtype="bf16", kind="merged", base_model=str(folder)))
+    assert str(folder) not in local and "merged into the base weights" in local
+
+
+def test_the_disk_estimate_of_a_peft_run_counts_only_the_adapter():
+    from transformers import TrainingArguments
+
+    from hf_zero3.callbacks.checkpoint_guard import _save_sizes
+
+    model = small_peft_model()
+    args = TrainingArguments(output_dir="unused", use_cpu=True, report_to=[])
+    adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    checkpoint, final = _save_sizes(args, model)
+    assert final.total == 4 * adapter and checkpoint.total == (4 + 8) * adapter  # weights + Adam moments
+
+
+
+def test_merge_is_refused_for_a_full_model_checkpoint_before_anything_is_written(tmp_path):
+    from hf_zero3.checkpoint.export import export_checkpoint
+    from tests.conftest import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "run", 2)
+    with pytest.raises(ckpt.CheckpointError, match="holds a full model, not a LoRA adapter: --merge and --base"):
+        export_checkpoint(folder, tmp_path / "merged", merge=True)
+    assert not (tmp_path / "merged").exists()
