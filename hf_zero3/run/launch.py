@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hf_zero3 import recipes
 from hf_zero3.argtypes import parse_size, positive_int
+from hf_zero3.run import preemption
 from hf_zero3.run.distributed import LaunchError
 from hf_zero3.run.facts import RunFacts
 
@@ -546,8 +547,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     print("hf_zero3.run.launch: " + shlex.join(launch.command), flush=True)
     if launch.dry_run:
         return dry_run(launch, args.recipe, env, args.target)
-    os.execvpe(launch.command[0], launch.command, env)
-    return 0  # not reached
+    signals = preemption.signals_of_argv(launch.train_argv)
+    if not signals:
+        os.execvpe(launch.command[0], launch.command, env)
+    return preemption.run_forwarding(launch.command, env, signals)  # DeepSpeed's launcher would not pass them on
 
 
 if __name__ == "__main__":

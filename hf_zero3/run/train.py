@@ -35,6 +35,7 @@ from hf_zero3.run.distributed import (
     process_group_released,
 )
 from hf_zero3.run.facts import RunFacts
+from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT, parse_signals
 
 
 class UsageError(ValueError):
@@ -99,6 +100,11 @@ class TrainingArguments(transformers.TrainingArguments):
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
+    preemption_signals: str = field(
+        default=DEFAULT_SIGNALS, metadata={"help": "Comma-separated signals a scheduler sends before it kills the job "
+                                                   "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
+                                                   "a checkpoint is saved and the run exits with code "
+                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})
@@ -552,6 +558,10 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     elif layers is not None and int(layers) < 1:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
+    try:
+        parse_signals(values.get("preemption_signals", DEFAULT_SIGNALS))
+    except ValueError as e:
+        problems.append(str(e))
     problems += _ds_config_problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
@@ -709,6 +719,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         default_callbacks,
         install_callbacks,
     )
+    from hf_zero3.callbacks.preemption import PreemptionCallback
     from hf_zero3.checkpoint.lifecycle import (
         CheckpointError,
         newest_complete,
@@ -720,6 +731,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
+    preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
     resume = _start_point(training_args)
     if resume == FINISHED:
         return {}
@@ -737,7 +749,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
-        callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
+        callbacks = [preemption, *default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
                                         tokens_per_sample=prepared.tokens_per_row),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
@@ -764,6 +776,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
         _explain_oom(error, model.config, training_args, data_args.block_size)
         raise
+    if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
+        raise preemption.outcome(training_args.output_dir)
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
@@ -820,11 +834,16 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
+    from hf_zero3.callbacks.preemption import Preempted, release_all
     from hf_zero3.checkpoint.lifecycle import CheckpointError
 
     try:
-        with process_group_released(UsageError, DataError, LaunchError):
+        with process_group_released(UsageError, DataError, LaunchError, Preempted):
             run(argv, extra_callbacks)
+    except Preempted as e:
+        if is_world_process_zero():
+            print(f"hf_zero3: {e}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
@@ -835,6 +854,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        release_all()
     return 0
 
 
