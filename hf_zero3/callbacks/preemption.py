@@ -88,6 +88,12 @@ class PreemptionCallback(TrainerCallback):
 
     def outcome(self, output_dir: str) -> Preempted:
         """What to tell the user once training stopped: the checkpoint (complete or why not) and how to go on."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # rank 0 marks the checkpoint complete after the others are done with it; a rank that exited before
+            # would have the launcher (DeepSpeed's, srun --kill-on-bad-exit) kill rank 0 while it writes the marker
+            dist.barrier()
         folder = ckpt.checkpoint_dir(output_dir, self.stopped_at)
         newest = ckpt.newest_complete(output_dir)
         since = f" ({time.monotonic() - self.caught_at:.0f} s after the signal)" if self.caught_at else ""

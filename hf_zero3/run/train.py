@@ -398,8 +398,10 @@ def _claim(output_dir: str) -> None:
     _barrier()
 
 
-def _load_model_and_tokenizer(model_args: ModelArguments):
+def _load_model_and_tokenizer(model_args: ModelArguments, resume: str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
 
     source = model_args.model_name_or_path or model_args.config_name  # checked by _model_problems
     common = {"trust_remote_code": model_args.trust_remote_code}
@@ -415,6 +417,10 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
         except ValueError as e:  # a key the config does not have, a value of the wrong type
             raise UsageError(f"config_overrides {model_args.config_overrides!r}: {e}. Use key=value pairs, comma "
                              f"separated, with keys of {source}'s config.json") from e
+    if resume and (differences := ckpt.shape_difference(resume, config)):
+        raise UsageError(f"{resume} holds a model of another shape than this run's: {'; '.join(differences)}. Resume "
+                         "with the model it was saved from (the model_name_or_path or config_name and config_overrides "
+                         f"of that run: its config is {resume}/config.json), or train this model in another output_dir")
     if len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}: use the model's own tokenizer (tokenizer_name) or raise vocab_size "
@@ -558,6 +564,10 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     elif layers is not None and int(layers) < 1:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
+    steps, epochs = (training_values(values)[k] for k in ("max_steps", "num_train_epochs"))
+    if steps <= 0 and epochs <= 0:
+        problems.append(f"nothing to train: max_steps is {steps} and num_train_epochs is {epochs}; set max_steps to "
+                        "the optimizer steps to train (or num_train_epochs > 0, with max_steps -1)")
     try:
         parse_signals(values.get("preemption_signals", DEFAULT_SIGNALS))
     except ValueError as e:
@@ -738,7 +748,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     _claim(training_args.output_dir)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
-    model, tokenizer = _load_model_and_tokenizer(model_args)
+    model, tokenizer = _load_model_and_tokenizer(model_args, resume)
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)
