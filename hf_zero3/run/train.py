@@ -33,6 +33,7 @@ from hf_zero3.run.distributed import (
     launched_world_size,
     prepare_process_group,
     process_group_released,
+    release_engine,
 )
 from hf_zero3.run.facts import RunFacts
 from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT, parse_signals
@@ -787,7 +788,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         _explain_oom(error, model.config, training_args, data_args.block_size)
         raise
     if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
-        raise preemption.outcome(training_args.output_dir)
+        stopped = preemption.outcome(training_args.output_dir)
+        release_engine(trainer)
+        raise stopped
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
@@ -827,6 +830,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
 
