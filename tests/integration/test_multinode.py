@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from hf_zero3.run.distributed import free_port
-from tests.conftest import ROOT, VENV, explain, losses, make, run, subprocess_env
+from tests.conftest import ROOT, VENV, explain, losses, run, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def one_node(tmp_path_factory) -> Path:
 def assert_same_losses_as(reference: Path, out: Path) -> None:
     expected, got = losses(reference), losses(out)
     assert len(expected) == len(got) == 4 and expected[-1] < expected[0]
-    assert max(abs(a - b) for a, b in zip(expected, got)) < 1e-5, list(zip(expected, got))
+    assert max(abs(a - b) for a, b in zip(expected, got, strict=True)) < 1e-5, list(zip(expected, got, strict=True))
 
 
 def test_two_nodes_without_ssh_train_like_one_node_with_two_ranks(one_node, tmp_path):
@@ -238,7 +238,7 @@ def nodes(tmp_path_factory):
                            f"  IdentitiesOnly yes\n  UserKnownHostsFile {root / 'known_hosts'}\n"
                            "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
                            "  LogLevel ERROR\n")
-        for host, daemon, log in zip(hosts, daemons, logs):
+        for host, daemon, log in zip(hosts, daemons, logs, strict=True):
             _wait_for_port(host, port, daemon, log)
         hostfile = root / "hostfile"
         hostfile.write_text("".join(f"{host} slots=1\n" for host in hosts))
@@ -299,7 +299,7 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node(one_node, nodes, tmp_pa
             if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
                 try:
                     node = int(process.environ()["CROSS_RANK"])  # DeepSpeed's node rank, set per node
-                    ranks[node] = {"env": process.environ(), "parents": [p.name() for p in process.parents()]}
+                    ranks[node] = {"env": process.environ(), "parents": {p.pid: p.name() for p in process.parents()}}
                 except (psutil.Error, KeyError):
                     pass
         time.sleep(0.2)
@@ -308,8 +308,8 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node(one_node, nodes, tmp_pa
     assert f"--hostfile={nodes.hostfile} --num_nodes=2 --num_gpus=1 --master_addr={nodes.hosts[0]}" in text
     assert "hf_zero3: ZeRO stage 3 | world size 2 |" in text
     assert sorted(ranks) == [0, 1], text[-4000:]
-    for node, rank in ranks.items():
-        assert "sshd" in rank["parents"] and launcher.pid not in rank["parents"], rank["parents"]
+    for rank in ranks.values():  # started over SSH: under sshd, not under this launcher
+        assert "sshd" in rank["parents"].values() and launcher.pid not in rank["parents"], rank["parents"]
         assert rank["env"].get("HF_ZERO3_NODE_CHECK") == "carried" and "MY_OWN" not in rank["env"]
     assert all(nodes.accepted_logins(i) >= 1 for i in (0, 1))
     assert_same_losses_as(one_node, out)
