@@ -8,7 +8,8 @@ forward only PYTHON*, MLFLOW*, MV2*, UCX* (and NCCL* on CUDA) to the other nodes
 and TORCH_* settings would silently not apply there.
 
 The command is the seed's `deepspeed --num_nodes=2 --num_gpus=4 train.py --deepspeed ds_config.json`, with the
-recipe's YAML in front of the overrides; it is printed, then exec'd. DRY_RUN=1 prints it with the resolved
+recipe's YAML in front of the overrides; it is printed, then run as this process's child, which passes the
+preemption signals on to the ranks (`hf_zero3.run.preemption`; exec'd instead when `preemption_signals` is none). DRY_RUN=1 prints it with the resolved
 arguments, the batch math and the memory plan instead (`make plan-<size>`).
 """
 
