@@ -94,19 +94,41 @@ def ranks_below(pid: int) -> list:
     return ranks
 
 
+def remote_command(sig: signal.Signals, master_port: str) -> str:
+    """What pdsh runs on each node to pass `sig` to this job's ranks there: the children of DeepSpeed's per-node
+    launcher of this master port (a node's launcher, started over SSH, does not ignore the signal: it must not
+    get it)."""
+    pattern = rf"^[^ ]*python[^ ]* -u -m deepspeed[.]launcher[.]launch .*--master_port={master_port}( |$)"
+    return f"pids=$(pgrep -d, -f '{pattern}') && pkill -{sig.name[3:]} -P \"$pids\""
+
+
+def _tell_nodes(command: Sequence[str], env: Mapping[str, str], hosts: Sequence[str], sig: signal.Signals) -> None:
+    """pdsh, as DeepSpeed's runner calls it (its --ssh_port, PDSH_SSH_ARGS_APPEND), runs `remote_command`."""
+    port = next((a.split("=", 1)[1] for a in command if a.startswith("--master_port=")), None)
+    ssh_port = next((a.split("=", 1)[1] for a in command if a.startswith("--ssh_port=")), None)
+    if port is None:
+        return
+    env = {**env, "PDSH_RCMD_TYPE": "ssh"}
+    if ssh_port:
+        env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} -p {ssh_port}".strip()
+    subprocess.Popen(["pdsh", "-S", "-w", ",".join(hosts), remote_command(sig, port)], env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _exit_status(returncode: int) -> int:
     """A child's status as a shell reports it: 128 + N for a child killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
 def run_forwarding(command: Sequence[str], env: Mapping[str, str], signals: Sequence[signal.Signals],
-                   poll_s: float = 0.5) -> int:
+                   remote_hosts: Sequence[str] = (), poll_s: float = 0.5) -> int:
     """Run DeepSpeed's launcher `command` with `signals` ignored in it, pass each of them on to the ranks, and
     return its exit status. Other signals (SIGINT, SIGHUP, a SIGTERM that is not listed) go to the launcher, which
     handles them as it would as the first process.
 
     A preemption signal is sent again to ranks that start after it (still loading, they ignore it until their
-    handler is in place; a rank sees a repeated signal as one)."""
+    handler is in place; a rank sees a repeated signal as one). With `remote_hosts` (DeepSpeed's pdsh runner starts
+    the ranks there over SSH) it goes to each of them through pdsh (`remote_command`), once."""
     import psutil
 
     signals = list(signals)
@@ -126,9 +148,13 @@ def run_forwarding(command: Sequence[str], env: Mapping[str, str], signals: Sequ
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in {*signals, signal.SIGINT, signal.SIGHUP, signal.SIGTERM}}
+    told_nodes: set[signal.Signals] = set()
     try:
         while True:
             for sig in dict.fromkeys(pending):
+                if remote_hosts and sig not in told_nodes:
+                    told_nodes.add(sig)
+                    _tell_nodes(command, env, remote_hosts, sig)
                 for rank in ranks_below(child.pid):
                     if (rank.pid, sig) not in told:
                         told.add((rank.pid, sig))

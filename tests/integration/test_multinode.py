@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -24,7 +25,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
+from hf_zero3.run.preemption import PREEMPTED_EXIT
 from tests.conftest import ROOT, VENV, explain, losses, run, subprocess_env
 
 pytestmark = pytest.mark.integration
@@ -281,35 +284,54 @@ def test_make_sync_goes_over_ssh_to_every_node_then_the_doctor_finds_the_same_co
     assert [nodes.accepted_logins(i) - before[i] for i in (0, 1)] == [5, 5]
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (the SigCgt mask in /proc): a rank that does is listening."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
 @needs_nodes
-def test_two_nodes_over_pdsh_and_ssh_train_like_one_node(one_node, nodes, tmp_path):
+def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(one_node, nodes, tmp_path):
     """NUM_NODES=2 through recipes/tiny/launch.sh: DeepSpeed's pdsh runner logs in to each node and starts one rank
-    there (a process under that node's sshd, with the variables `.deepspeed_env` carried and no others); the
-    losses are those of 2 ranks on one node."""
+    there (a process under that node's sshd, with the variables `.deepspeed_env` carried and no others). SIGUSR1
+    to the launcher once both ranks listen reaches them over pdsh: they stop after the same step with a complete
+    checkpoint and exit 75, passed back by pdsh; the same command resumes, and the losses are those of 2 ranks
+    on one node."""
     out = tmp_path / "two"
     env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
-                         MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"),
-                         HF_ZERO3_NODE_CHECK="carried", MY_OWN="not carried")
-    launcher = subprocess.Popen([str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON], cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), HF_ZERO3_NODE_CHECK="carried",
+                         MY_OWN="not carried")
+    command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--resume_from_checkpoint",
+               "auto"]
+    launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ranks: dict[int, dict] = {}
-    while launcher.poll() is None and len(ranks) < 2:  # each rank while it runs: its environment, its parents
+    while launcher.poll() is None and not (len(ranks) == 2 and all(r["listens"] for r in ranks.values())):
         for process in psutil.process_iter(["pid", "cmdline"]):
             cmdline = process.info["cmdline"] or []
             if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
                 try:
                     node = int(process.environ()["CROSS_RANK"])  # DeepSpeed's node rank, set per node
-                    ranks[node] = {"env": process.environ(), "parents": {p.pid: p.name() for p in process.parents()}}
-                except (psutil.Error, KeyError):
+                    ranks[node] = {"env": process.environ(), "parents": {p.pid: p.name() for p in process.parents()},
+                                   "listens": _catches(process.pid, signal.SIGUSR1)}
+                except (psutil.Error, KeyError, OSError):
                     pass
-        time.sleep(0.2)
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGUSR1)
     text = launcher.communicate(timeout=600)[0]
-    assert launcher.returncode == 0, text[-4000:]
+    assert launcher.returncode == PREEMPTED_EXIT, text[-4000:]
     assert f"--hostfile={nodes.hostfile} --num_nodes=2 --num_gpus=1 --master_addr={nodes.hosts[0]}" in text
     assert "hf_zero3: ZeRO stage 3 | world size 2 |" in text
     assert sorted(ranks) == [0, 1], text[-4000:]
     for rank in ranks.values():  # started over SSH: under sshd, not under this launcher
         assert "sshd" in rank["parents"].values() and launcher.pid not in rank["parents"], rank["parents"]
         assert rank["env"].get("HF_ZERO3_NODE_CHECK") == "carried" and "MY_OWN" not in rank["env"]
-    assert all(nodes.accepted_logins(i) >= 1 for i in (0, 1))
+    complete = ckpt.complete_checkpoints(out)
+    assert len(complete) == 1 and "SIGUSR1 received: stopping after step" in text, text[-4000:]
+    assert all(nodes.accepted_logins(i) >= 2 for i in (0, 1))  # the launch and the signal
+    resumed = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, explain(resumed)
     assert_same_losses_as(one_node, out)
