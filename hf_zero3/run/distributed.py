@@ -150,8 +150,9 @@ def _tear_down_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        if "deepspeed.comm" in sys.modules:  # also drops the groups DeepSpeed keeps (its clone of the world group)
-            sys.modules["deepspeed.comm"].destroy_process_group()
+        comm = sys.modules.get("deepspeed.comm")
+        if getattr(comm, "cdb", None) is not None:  # DeepSpeed's: also drops the groups it keeps (its world clone)
+            comm.destroy_process_group()
         else:
             dist.destroy_process_group()
         gc.collect()  # the last references sit in cycles; the group's destructor joins its threads
