@@ -150,7 +150,7 @@ def _tear_down_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        comm = sys.modules.get("deepspeed.comm")
+        comm = sys.modules.get("deepspeed.comm.comm")
         if getattr(comm, "cdb", None) is not None:  # DeepSpeed's: also drops the groups it keeps (its world clone)
             comm.destroy_process_group()
         else:
