@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 NUM_GPUS ?= 2
 PYTEST_ARGS ?=
+# `make bench`: which recipe (8b on 2 GPUs, tiny on CPU) and where the report goes (default
+# benchmarks/results/<date>_bench-<recipe>)
+RECIPE ?= 8b
+BENCH_OUT ?=
 # Overrides for train-<size>/plan-<size>, e.g. ARGS="--max_steps 10 --output_dir outputs/try"
 ARGS ?=
 # What `make sync` copies: the files git tracks or would track (`git ls-files --cached --others --exclude-standard`:
@@ -17,7 +21,7 @@ ARGS ?=
 SYNC_SKIP := .deepspeed_env
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-integration configs check-configs clean sync
+.PHONY: help setup demo test test-unit test-integration bench configs check-configs clean sync
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -42,6 +46,9 @@ test-unit: setup ## fast tests only
 
 test-integration: setup ## real multi-rank runs only
 	source $(BIN)/activate && python -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: setup ## the standard comparison: RECIPE=8b (2 GPUs) or RECIPE=tiny (CPU) against the stock baselines, report in benchmarks/results/
+	source $(BIN)/activate && RECIPE=$(RECIPE) GPUS=$(NUM_GPUS) bash benchmarks/bench.sh $(BENCH_OUT)
 
 configs: setup ## regenerate every committed ds_config (ds_configs/, recipes/*/ds_config.json)
 	$(BIN)/hf-zero3 configs

@@ -1,4 +1,4 @@
-"""Activation offload on a real ZeRO-3 engine, one mode per process (issue 16; run by gpu_activation_offload.sh).
+"""Activation offload on a real ZeRO-3 engine, one mode per process (run by gpu_activation_offload.sh).
 
 One process (all ranks) builds the model once the way `hf-zero3 train` does (zero.Init through HfDeepSpeedConfig,
 bf16, sdpa, Liger, non-reentrant gradient checkpointing), with `hf_zero3.run.activation_offload.enable` or without,
@@ -9,7 +9,7 @@ and then:
      the forward+backward peak above what is allocated before the forward (the activation-driven part: the step's
      fp32 gradients come after it); the overall peak, pinned host memory and the bytes the hooks moved;
   2. with `--search`, caps this process's GPU memory at the states it holds between steps + `--cap-above-rest-gib`
-     (room for the step's fp32 gradients and ~20 GiB of activations, so the search ends within a short lease), and
+     (room for the step's fp32 gradients and ~20 GiB of activations, so the search ends within a short device call), and
      tries each length for one step until the first out-of-memory error, which ends the process (a rank that
      catches it cannot leave ZeRO-3's collectives cleanly; the launcher stops the others).
 Each rank appends one JSON line per measurement to OUT/<mode>_rank<R>.jsonl as it goes.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation offload (issue 16) on 2 x H200, from the repository root: Llama-3-8B-shaped model (random weights),
+# Activation offload on 2 x H200, from the repository root: Llama-3-8B-shaped model (random weights),
 # ZeRO-3 (recipes/8b/ds_config.json), bf16, Liger, sdpa, non-reentrant gradient checkpointing, micro batch 1.
 #   1. benchmarks/activation_offload_bench.py once without and once with offload: seq 4096 and 16384 (5 steps
 #      each; medians of steps 3-5), then the longest sequence that fits one step under a GPU cap of the states held
@@ -9,9 +9,9 @@
 #   3. optional (ONE_GPU_3B=1): a ~3B Llama on 1 GPU, without and with offload (SKIP_8B=1: only this part).
 # Every run sits in its own `timeout`; everything lands in OUT as it comes. About 6-7 minutes in all.
 # Usage: bash benchmarks/gpu_activation_offload.sh [OUT]
-source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the launcher runs the bench script from benchmarks/
 set -uo pipefail
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 OUT=${1:-${OUT:-outputs/activation-offload}}
 mkdir -p "$OUT"
 start=$(date +%s)
@@ -20,9 +20,9 @@ GPUS=${GPUS:-2}
 SEARCH=${SEARCH:-16384,24576,32768,40960,49152,57344,65536,81920}
 MODEL=${MODEL:-outputs/llama3-8b} DS_CONFIG=${DS_CONFIG:-recipes/8b/ds_config.json} SEQS=${SEQS:-4096,16384}
 # CPU plumbing check: MODEL=assets/tiny/model DS_CONFIG=recipes/tiny/ds_config.json SEQS=128,256 SEARCH=256,512 \
-#   TRAIN_BLOCK=128 bash benchmarks/gpu_activation_offload.sh /tmp/ao   (with a stub .whl/install.sh)
+#   TRAIN_BLOCK=128 bash benchmarks/gpu_activation_offload.sh /tmp/ao
 (nvidia-smi; free -g; python3 -c "import torch, deepspeed, transformers; print(torch.__version__, torch.version.cuda, deepspeed.__version__, transformers.__version__)"; git rev-parse HEAD) > "$OUT/env.txt" 2>&1
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 elapsed() { echo $(( $(date +%s) - start )); }
 port=29611
 for mode in $([ "${SKIP_8B:-0}" = 1 ] || echo checkpointing offload); do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15, items 4 and 5: the largest full fine-tune the planner fits on the lent box, run as its recipe ships:
+# The largest full fine-tune the planner fits on the box at hand, run as its recipe ships:
 #   RECIPE=20b-h200x2 GPUS=2 (default): a 20.7B Llama on 2 x H200, partial optimizer offload (ratio 0.5)
 #   RECIPE=10b-h200x1 GPUS=1          : a 10.7B Llama (SOLAR-10.7B's shape) on 1 x H200, ratio 0.4
 # Random weights from the recipe's config_overrides, seq 4096, the recipe's ds_config and batch (MICRO and ACCUM
@@ -15,11 +15,10 @@
 # (stage3_param_persistence_threshold; 9223372036854775807 = every parameter, the planner's one-GPU choice). E.g. the
 # 10b's pinned run: RECIPE=10b-h200x1 GPUS=1 PIN_MEMORY=true BREAKDOWN=1
 set -uo pipefail
-if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 RECIPE=${RECIPE:-20b-h200x2} GPUS=${GPUS:-2} STEPS=${STEPS:-20} TIMEOUT=${TIMEOUT:-420}
 OUT=${OUT:-outputs/gpu-largest-$RECIPE}
 WORK=${WORK:-outputs/largest-$RECIPE}
-source benchmarks/scratch.sh
 mkdir -p "$OUT" && scratch_dir "$WORK" || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / GPUS ))}  # CPU Adam: the cores shared among the ranks
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.md"; }

@@ -6,12 +6,11 @@
 #   VARIANT: zero2, zero2_ckpt, zero3, zero3_ckpt, zero3_offload_opt, zero3_offload_all; and, to check the
 #   planner outside the shapes it was calibrated on: zero3_seq6144 (block 6144), zero3_ckpt_micro2 (micro 2 x 2)
 set -uo pipefail
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=$1; shift
 mkdir -p "$out"
-arch=${TORCH_CUDA_ARCH_LIST:-}
-if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}  # CPU Adam: half the cores per rank
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 for variant in "$@"; do
   ckpt=false block=4096 micro=1 accum=4
   case $variant in

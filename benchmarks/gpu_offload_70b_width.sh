@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15, item 3: the offload path the planner picks for 70b on p4d.24xlarge (ZeRO-3 + optimizer states on NVMe +
+# NVMe offload at 70B width: the offload path the planner picks for 70b on p4d.24xlarge (ZeRO-3 + optimizer states on NVMe +
 # checkpointing, recipes/70b v2), proven layer-scaled on a 2 x H200 box: Llama-2-70B's exact width (hidden 8192,
 # 64 heads, 8 kv heads, ffn 28672, vocab 32000) with LAYERS layers (default 2: the swap folder holds 16 B/param, and
 # each step reads and writes 12 B/param of it), random weights, seq 4096, micro 1, the planner's own ds_config with
@@ -8,28 +8,24 @@
 # of the node (MemTotal - MemAvailable, sampled every second), NVMe bytes (size of the swap folder, every 2 s, and
 # /proc/diskstats before/after); and what bounds the step (benchmarks/offload_rates.py: dd write/read GB/s of the
 # folder, pinned host<->GPU GB/s, DeepSpeedCPUAdam params/s).
-# libaio is not installed on the box: .whl/libaio/ holds Debian's libaio1 + libaio-dev unpacked (dpkg-deb -x);
-# this script copies the .so and header to /tmp and points CFLAGS/LDFLAGS/CPATH/LIBRARY_PATH/LD_LIBRARY_PATH at them
-# so DeepSpeed's async_io op JIT-builds (op_builder/async_io.py links a test program against -laio).
+# DeepSpeed's async_io op JIT-builds against libaio: benchmarks/common.sh provides it from .whl/libaio if need be.
 # Run from the repository root:  bash benchmarks/gpu_offload_70b_width.sh   (about 6 minutes; results in $OUT)
 # Settings: LAYERS=2 STEPS=3 GPUS=2 NVME_DIR=<a folder on the NVMe mount, default $HOME> (the swap goes into a new
 # hfz-nvme-swap-<pid> folder inside it, removed at the end); CHECK_ONLY=1 stops before anything needs a GPU.
 set -uo pipefail
-if [ -z "${CHECK_ONLY:-}" ]; then source .whl/install.sh && export TORCH_CUDA_ARCH_LIST=9.0; fi
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 OUT=${OUT:-outputs/gpu-offload-70b-width}
 mkdir -p "$OUT"
 LAYERS=${LAYERS:-2} STEPS=${STEPS:-3} GPUS=${GPUS:-2}
 NVME_DIR=${NVME_DIR:-$HOME}/hfz-nvme-swap-$$  # our own folder on that mount: only it is removed
 WORK=${WORK:-outputs/offload-70b-width}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / GPUS ))}  # CPU Adam: the cores shared among the ranks
-source benchmarks/scratch.sh
 scratch_dir "$NVME_DIR" && scratch_dir "$WORK" || exit 2
 trap 'rm -rf "$NVME_DIR" "$NVME_DIR.owner"' EXIT  # our own swap folder, however the script ends
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.md"; }
 
-# --- libaio from .whl/libaio (Debian bookworm packages, unpacked) ---
-source benchmarks/libaio_env.sh
-AIO=/tmp/hfz-libaio
+# --- libaio (benchmarks/common.sh) ---
+AIO=${HFZ_AIO:-/tmp/hfz-libaio}
 log "libaio: $(ls $AIO/lib $AIO/include | tr '\n' ' ')"
 
 # --- the model, the planner's ds_config for p4d.24xlarge, the prediction for this box ---

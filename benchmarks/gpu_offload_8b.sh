@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13, item 6: ZeRO-3 + optimizer offload on the 8B shape on 2 x H200 (Llama-3-8B shape, random weights, seq
+# ZeRO-3 + optimizer offload on the 8B shape on 2 x H200 (Llama-3-8B shape, random weights, seq
 # 4096, bf16, Liger, no checkpointing). The config is recipe 8b's ds_config with `hf-zero3 config new --like ...
 # --offload-optimizer cpu` (pinned host buffers, DeepSpeedCPUAdam); the batch is what `hf-zero3 plan --model 8b
 # --hardware h200x2 --liger --global-batch 96` picks for that option: micro 6 x accumulation 8 (planned 147.8 GB per
@@ -11,14 +11,12 @@
 # Usage, from the repository root: bash benchmarks/gpu_offload_8b.sh OUT_DIR   (about 4 minutes; BUDGET_S=230)
 # On CPU the script gets as far as the bench's first run (the recipe's bf16 needs a GPU): BATCHES=1x2 checks that.
 set -uo pipefail
-if [ -f .whl/install.sh ]; then source .whl/install.sh; fi
-source benchmarks/scratch.sh
-export TORCH_CUDA_ARCH_LIST=9.0
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:?OUT_DIR}
 recipe=outputs/recipes/8b-offload-optimizer
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${GPUS:-2} ))}  # CPU Adam: the node's cores shared by the ranks
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 scratch_dir "$recipe" || exit 2
 cp -r recipes/8b/. "$recipe/"
 python3 -m hf_zero3 config new --like recipes/8b/ds_config.json --offload-optimizer cpu -o "$recipe/ds_config.json" \

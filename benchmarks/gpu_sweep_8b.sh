@@ -3,11 +3,9 @@
 # the recipe with one ds_config change, benchmarked alone with `hf-zero3 bench`. Run from the repo root.
 # Usage: bash benchmarks/gpu_sweep_8b.sh [OUT_DIR]
 set -euo pipefail
-source benchmarks/scratch.sh
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:-benchmarks}
-arch=${TORCH_CUDA_ARCH_LIST:-}
-if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 for variant in zero3_big_buckets zero2; do
   recipe=outputs/recipes/8b-$variant
   scratch_dir "$recipe" && cp -r recipes/8b/. "$recipe"

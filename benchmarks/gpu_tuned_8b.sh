@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The same-lease comparison behind benchmarks/llama3-8b_2xH200_<date>_tuned.md (issue 13), run from the repository
+# Recipe 8b against stock HF tuned by hand, every config on the same machine (benchmarks/results/*_8b-tuned/), from the repository
 # root on a 2-GPU box: a Llama-3-8B-shaped model with random weights (no download), sequence 4096, bf16, global
 # batch 12 x 4096 tokens for every config, 3 runs of each, interleaved:
 #   ours         recipe 8b v2 (written again from v1 or v2: the recipe's ZeRO-3 config + Liger, micro 3 x 2)
@@ -8,19 +8,19 @@
 # Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
 # A call cut short is continued with --resume and the same WORK_DIR (same machine).
 # Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
-# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15, for a short lease). ZERO2_LIGER_MICRO=M runs it
+# ZERO2_LIGER=0 leaves the ZeRO-2 candidate out (12 runs instead of 15). ZERO2_LIGER_MICRO=M runs it
 # at micro M x accumulation 6/M (default 2; M=1 is named zero2_liger_m1, so its runs never mix with micro 2's).
 # Arguments after WORK_DIR go to `hf-zero3 bench` after the script's own (the last --repeats/--against wins; --only
-# runs a subset with --resume): benchmarks/gpu_tuned_8b_repeats.sh uses them.
+# runs a subset with --resume): split a long comparison into calls on one warm machine with them,
+#   bash benchmarks/gpu_tuned_8b.sh OUT WORK --resume --repeats 2 --only zero2_tuned,fsdp2_tuned
 # Smoke test on one GPU (checks the plumbing, not the speed): GPUS=1 TRAIN_OVERRIDES="--config_overrides
 # num_hidden_layers=4" bash benchmarks/gpu_tuned_8b.sh OUT WORK
 set -euo pipefail
+source benchmarks/common.sh || exit 1  # GPU box set-up, scratch_dir, llama3_8b_config
 out=${1:-benchmarks}
 work=${2:-outputs/bench-8b-tuned}
 shift $(( $# < 2 ? $# : 2 ))
-arch=${TORCH_CUDA_ARCH_LIST:-}
-if [ -n "$arch" ]; then export TORCH_CUDA_ARCH_LIST="${arch//9.0a/9.0}"; fi
-source benchmarks/llama3_8b_config.sh  # outputs/llama3-8b: the Llama-3-8B shape, random weights
+llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape, random weights
 z2_micro=${ZERO2_LIGER_MICRO:-2}
 case $z2_micro in 1|2|3|6) ;; *) echo "ZERO2_LIGER_MICRO must divide 6 (1, 2, 3 or 6), got $z2_micro" >&2; exit 2;; esac
 z2_name=zero2_liger$([ "$z2_micro" = 2 ] || echo "_m$z2_micro")

@@ -1,4 +1,4 @@
-"""The planner's prediction for one offload run, and the run's measurements set against it (issue 15).
+"""The planner's prediction for one offload run, and the run's measurements set against it.
 
   predict: python benchmarks/offload_plan_check.py predict --ds-config C --yaml Y --model CFG_DIR [--overrides S]
            --gpus N --gpu-mem 140GiB --host-ram 256GiB [--nvme-path DIR --nvme-free SIZE] --micro M --accum A
@@ -9,7 +9,7 @@
 
 Measured GPU: the largest `gpu_peak_allocated_gb` of any rank in the run's JSONL log (or the probe's
 max_memory_allocated); host: the node's peak MemTotal - MemAvailable minus its value before the launch (the sampler
-the GPU script runs); NVMe: the largest size of the swap folder. Tolerances are the issue's: GPU +-10%, host and
+the GPU script runs); NVMe: the largest size of the swap folder. Tolerances: GPU +-10%, host and
 NVMe +-15%.
 """
 

@@ -1,4 +1,4 @@
-"""The rates an offloaded optimizer step is bound by, measured on this machine (issue 15, what bounds the step):
+"""The rates an offloaded optimizer step is bound by, measured on this machine (what bounds the step):
 DeepSpeedCPUAdam (parameters per second, all cores of this process), pinned host <-> GPU copies (GB/s), and the
 NVMe folder's sequential write and read with O_DIRECT (GB/s, through dd).
 

@@ -1,7 +1,8 @@
 """Predicted (hf_zero3.plan.memory) vs measured memory for every GPU run committed here: peak GPU memory
 (`torch.cuda.max_memory_allocated`, max over ranks and steps) for the `hf-zero3 bench` runs and the memory
 probes, and host RAM per node for the probes (MemTotal - MemAvailable, peak minus start; memory_probe.py).
-Regenerate the tables with:  python benchmarks/planner_vs_measured.py
+Written to benchmarks/results/planner_vs_measured.md:  python benchmarks/planner_vs_measured.py
+(`--check` exits 1 when the committed file differs from what the records give; a unit test runs the same check).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from hf_zero3.plan.shapes import ModelShape, load_shape
 
 HERE = Path(__file__).resolve().parent
 GiB = 1024**3
-PROBES = "memory-probe_llama3-8b_2xH200_2026-11-30"
+PROBES = "results/2026-11-30_memory-probe-8b"
+VS_STOCK = "results/2026-11-30_8b-vs-stock/"
+TUNED = "results/2026-11-30_8b-tuned/"
 H200X2 = Hardware(nodes=1, gpus_per_node=2, gpu_mem=141 * 10**9, host_ram=None)
 SEQ4096 = Training(seq_len=4096, micro_batch=1, grad_accum=4)
 SCRATCH = Training(seq_len=4096, micro_batch=1, grad_accum=4, load_bytes=4)  # built from a config: fp32 at load
@@ -30,23 +33,23 @@ def _spec(base: dict | ZeroSpec, **changes) -> ZeroSpec:
 
 BENCH_CASES = [
     # (benchmark jsonl, variant, hardware, training, spec, what ran)
-    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({}),
+    (VS_STOCK + "llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({}),
      "ZeRO-3, auto buckets"),
-    ("llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096,
+    (VS_STOCK + "llama3-8b-zero3_auto_buckets_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096,
      _spec({}, activation_checkpointing=True), "ZeRO-3 + checkpointing (stock template)"),
-    ("llama3-8b-zero3_big_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(RECIPE_8B),
+    (VS_STOCK + "llama3-8b-zero3_big_buckets_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(RECIPE_8B),
      "ZeRO-3, 5e8 buckets"),
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(RECIPE_8B),
+    (VS_STOCK + "llama3-8b_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec(RECIPE_8B),
      "ZeRO-3, 5e8 buckets (recipe 8b v1)"),
-    ("llama3-8b_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096, _spec({}, activation_checkpointing=True),
+    (VS_STOCK + "llama3-8b_2xH200_2026-11-30.jsonl", "stock", H200X2, SEQ4096, _spec({}, activation_checkpointing=True),
      "ZeRO-3 + checkpointing (stock template)"),
-    ("llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({"stage": 2}), "ZeRO-2"),
-    # Issue 13's lease (global batch 12): recipe 8b v2 and the hand-tuned stock baselines (hf_zero3/bench.py).
-    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "ours", H200X2, Training(4096, 3, 2, liger=True), _spec(RECIPE_8B),
+    (VS_STOCK + "llama3-8b-zero2_2xH200_2026-11-30.jsonl", "ours", H200X2, SEQ4096, _spec({"stage": 2}), "ZeRO-2"),
+    # Global batch 12, one machine: recipe 8b v2 and the hand-tuned stock baselines (hf_zero3/bench.py).
+    (TUNED + "llama3-8b_2xH200_2026-11-30_tuned.jsonl", "ours", H200X2, Training(4096, 3, 2, liger=True), _spec(RECIPE_8B),
      "ZeRO-3 + Liger, micro 3 (recipe 8b v2)"),
-    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "stock_tuned", H200X2, Training(4096, 2, 3), _spec({}),
+    (TUNED + "llama3-8b_2xH200_2026-11-30_tuned.jsonl", "stock_tuned", H200X2, Training(4096, 2, 3), _spec({}),
      "ZeRO-3, micro 2 (stock template)"),
-    ("llama3-8b_2xH200_2026-11-30_tuned.jsonl", "zero2_tuned", H200X2, Training(4096, 1, 6), _spec({"stage": 2}),
+    (TUNED + "llama3-8b_2xH200_2026-11-30_tuned.jsonl", "zero2_tuned", H200X2, Training(4096, 1, 6), _spec({"stage": 2}),
      "ZeRO-2, micro 1 (stock template)"),
 ]
 PROBE_CASES = [
@@ -69,7 +72,7 @@ PROBE_CASES = [
 
 # The seed-claims ladder on one H200 (gpu_compare_ladder.sh, GPUS=1): a 1.1B Llama (TinyLlama's shape), the stock
 # zero3_auto template per rung (hf_zero3/ops/compare.py `ladder`), micro 4 at 1024 tokens, fp32 weights loaded.
-LADDER = "seed_claims_1xH200_2026-12-01"
+LADDER = "results/2026-12-01_seed-claims-1gpu"
 LADDER_SHAPE = ModelShape("1.1b", layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4, vocab=32000,
                           max_positions=2048)
 LADDER_RUNGS = ["zero3", "zero3_ckpt", "zero3_ckpt_offload_opt", "zero3_ckpt_offload_all"]
@@ -107,14 +110,13 @@ def gpu_table() -> str:
     lines = ["| run | config | predicted GiB | measured GiB | error |", "|---|---|---|---|---|"]
     for jsonl, variant, hardware, training, spec, what in BENCH_CASES:
         predicted = plan(load_shape("8b"), hardware, training, spec).gpu_allocated_bytes
-        lines.append(_row(f"{jsonl.removesuffix('.jsonl')} ({variant})", what, predicted,
-                          bench_peak_gib(jsonl, variant)))
+        lines.append(_row(f"{Path(jsonl).stem} ({variant})", what, predicted, bench_peak_gib(jsonl, variant)))
     for variant, training, spec, what in PROBE_CASES:
         predicted = plan(load_shape("8b"), H200X2, training, spec).gpu_allocated_bytes
-        lines.append(_row(f"{PROBES}/{variant}", what, predicted, probe(variant)["gpu_gib"]))
+        lines.append(_row(f"{Path(PROBES).name}/{variant}", what, predicted, probe(variant)["gpu_gib"]))
     for rung, spec, measured in ladder_cases():
         predicted = plan(LADDER_SHAPE, H200X1, Training(1024, 4, 1, load_bytes=4), spec).gpu_allocated_bytes
-        lines.append(_row(f"{LADDER}/{rung}", f"1.1B on 1 GPU: {describe(spec)} (stock template)", predicted,
+        lines.append(_row(f"{Path(LADDER).name}/{rung}", f"1.1B on 1 GPU: {describe(spec)} (stock template)", predicted,
                           measured))
     return "\n".join(lines) + "\n"
 
@@ -124,7 +126,7 @@ def host_table() -> str:
     for variant, training, spec, what in PROBE_CASES:  # the probes saved nothing: no 16-bit gather on rank 0
         no_save = spec.model_copy(update={"gather_16bit_weights_on_save": False})
         predicted = plan(load_shape("8b"), H200X2, training, no_save).host_bytes
-        lines.append(_row(f"{PROBES}/{variant}", what, predicted, probe(variant)["host_gib"]))
+        lines.append(_row(f"{Path(PROBES).name}/{variant}", what, predicted, probe(variant)["host_gib"]))
     return "\n".join(lines) + "\n"
 
 
@@ -132,5 +134,26 @@ def table() -> str:
     return gpu_table() + "\n" + host_table()
 
 
+OUTPUT = HERE / "results" / "planner_vs_measured.md"
+HEADER = """# The planner against every GPU run committed here
+
+Generated by `python benchmarks/planner_vs_measured.py` from the raw records in `benchmarks/results/`; do not edit.
+Peak GPU memory: `torch.cuda.max_memory_allocated()`, max over ranks and steps, against `hf_zero3.plan.memory`'s
+`gpu_allocated_bytes` for the same run. Host RAM (the memory probes): the node's `MemTotal - MemAvailable` at its
+peak minus its value at start (page cache excluded), against the planner's `host_bytes`. What the probes showed:
+[2026-11-30_memory-probe-8b/report.md](2026-11-30_memory-probe-8b/report.md).
+
+"""
+
+
+def render() -> str:
+    return HEADER + table()
+
+
 if __name__ == "__main__":
-    print(table(), end="")
+    import sys
+
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(0 if OUTPUT.read_text() == render() else f"{OUTPUT} is stale: run python benchmarks/planner_vs_measured.py")
+    OUTPUT.write_text(render())
+    print(f"wrote {OUTPUT}")

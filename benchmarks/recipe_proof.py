@@ -1,4 +1,4 @@
-"""A recipe proven on the GPUs at hand (issue 14): the planner's configuration for this hardware (or the recipe's
+"""A recipe proven on the GPUs at hand: the planner's configuration for this hardware (or the recipe's
 own ds_config with `--as-shipped`), a Llama-2-shaped model with random weights (layer-scaled with `--layers`),
 `hf-zero3 bench` for tokens/s, MFU and peak GPU memory, and this node's host RAM sampled meanwhile; then the
 measurement against the planner's prediction for the same run, written to <out>/<name>_proof.json.

@@ -51,6 +51,30 @@ def make(target: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return run(["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", f"VENV={VENV}", target, *args], **env)
 
 
+def error_naming(err: str, field: str, *fix: str) -> str:
+    """The error line that names `field` and every phrase of `fix` (case-insensitive): what a user needs from a
+    message, not its whole sentence. Fails showing the output when no line does."""
+    lines = [line for line in err.splitlines() if field.lower() in line.lower()]
+    hits = [line for line in lines if all(f.lower() in line.lower() for f in fix)]
+    assert hits, f"no line names {field!r} with the fix {fix}:\n{err}"
+    return hits[0]
+
+
+def plan_lines(out: str, label: str) -> list[str]:
+    """The text of every `label` line the planner prints (`hf-zero3 plan`, the launcher's dry run: a label, then the
+    text in an aligned column), found by its label rather than by the column's width."""
+    import re
+
+    return [m.group(1) for m in re.finditer(rf"^{re.escape(label)} +(\S.*)$", out, re.M)]
+
+
+def plan_line(out: str, label: str) -> str:
+    """The text of the one `label` line (see `plan_lines`)."""
+    lines = plan_lines(out, label)
+    assert len(lines) == 1, f"expected one {label!r} line, got {lines}\n{out}"
+    return lines[0]
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-4000:]}"
 

@@ -3,8 +3,8 @@
 Why: activation checkpointing is all or nothing in the Trainer (transformers >= 5.24 adds `every_n_layers`, which
 checkpoints 1 of every n layers: half at best). On a GPU where full checkpointing leaves memory over, keeping the
 activations of a few layers skips their recompute (a layer's forward, about 1/4 of its step time) at a known memory
-cost: `layers x micro batch x sequence x (a layer's saved activations - its input)`. Measured on one H200 in
-benchmarks/ (see the 7b recipe's README).
+cost: `layers x micro batch x sequence x (a layer's saved activations - its input)`. Measured on one H200
+(benchmarks study partial-ckpt-7b-1gpu; the 7b recipe's README).
 
 How: the Trainer turns checkpointing on for every `GradientCheckpointingLayer` when `train()` starts, before the
 callbacks' `on_train_begin`; this callback then turns it off again on all but the first N of them. Each layer reads

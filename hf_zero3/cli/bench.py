@@ -1,4 +1,4 @@
-"""`hf-zero3 bench RECIPE`: the recipe against stock ZeRO-3 / ZeRO-2 / FSDP2, side by side, in one session."""
+"""`hf-zero3 bench RECIPE`: the recipe against stock ZeRO-3 / ZeRO-2 / FSDP2, side by side, on one machine."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--label", help="model name in the report's file name (default: from the model path)")
     bench.add_argument("--suffix", default="",
                        help="appended to the report's file name: <label>_<hardware>_<date>_<suffix>")
-    bench.add_argument("--out", default="benchmarks", help="where the report, JSONL and PNG go")
+    bench.add_argument("--out", default="outputs/bench-report", help="where the report, JSONL and PNG go")
     bench.add_argument("--work-dir", default="outputs/bench", help="where the runs write their outputs")
     bench.set_defaults(func=_bench)
 

@@ -161,10 +161,9 @@ def main(args: argparse.Namespace) -> int:
         offload = choice.plan.spec.offload_optimizer if choice.fits else None
         if offload and offload.device == "cpu" and not offload.pin_memory:
             print("cost      host buffers not pinned (the pinned variant does not fit the host RAM): every "
-                  "micro-step copies the offloaded gradients to the host from pageable memory, synchronously. "
-                  "Measured, 10.7B on one H200: 44-54 s per step at micro 1 x accumulation 8, 17.9 s at micro 4 x "
-                  "2 (4.35 s of copies per micro-step; benchmarks/largest-fit_10b-h200x1_1xH200_2026-12-01.md). "
-                  "So: the largest micro batch the GPU takes (pass --micro-batch), and where the node's RAM allows, "
+                  "micro-step copies the offloaded gradients to the host from pageable memory, synchronously, so fewer "
+                  "micro-steps are faster: the largest micro batch the GPU takes (pass --micro-batch), and where the "
+                  "node's RAM allows, "
                   "pin_memory: true (its row above gives the host RAM it needs)")
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else

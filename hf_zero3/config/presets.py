@@ -47,9 +47,10 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     "tiny": ZeroSpec(precision="auto"),
     # Llama-3-8B on 2+ H100/H200: bf16 params, grads and Adam states fit partitioned; no offload, no checkpointing.
     # 5e8-element buckets (DeepSpeed's own defaults) instead of the bridge's hidden_size**2: 6791 and 5967
-    # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread (benchmarks/README.md).
+    # tokens/s/GPU in two runs vs 5919 with "auto" on 2xH200, +5 GiB; within run-to-run spread
+    # (benchmarks study 8b-vs-stock).
     # v2 (train_args.yaml: Liger, micro 3 x 2) runs this same config: 10,121 tokens/s/GPU, 52.7% MFU, 118.9 GiB
-    # (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). ZeRO-2 + Liger is not measured on 2 GPUs yet.
+    # (benchmarks study 8b-tuned). ZeRO-2 + Liger is not measured on 2 GPUs yet.
     "8b": ZeroSpec(precision="bf16", reduce_bucket_size=500_000_000, prefetch_bucket_size=500_000_000,
                    param_persistence_threshold=1_000_000, max_live_parameters=3_000_000_000),
     # 7b/13b/70b: the planner's cheapest fitting option for the recipe's target at its batch (`make plan-<size>`;
@@ -64,7 +65,7 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # node, more than any of those nodes has. Sub-groups of 1e8 keep the pinned NVMe swap buffers small.
     "70b": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="nvme", nvme_path=NVME_PLACEHOLDER),
                     sub_group_size=100_000_000, activation_checkpointing=True),
-    # The largest full fine-tune on the lent 2 x H200 box (256 GiB host, 128 GiB disk): a 20.7B Llama. Partial
+    # The largest full fine-tune on a 2 x H200 machine (256 GiB host, 128 GiB disk): a 20.7B Llama. Partial
     # optimizer offload: 5 of 11 sub-groups of fp32 master weights + Adam states stay on each GPU (ratio 0.5), the
     # rest in host RAM; checkpointing (`hf-zero3 plan --model 20b-h200x2 --hardware h200x2 --headroom 0.1`).
     # Host buffers not pinned: torch's caching host allocator rounds each pinned block up to a power of 2, and the
@@ -74,7 +75,7 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     "20b-h200x2": ZeroSpec(precision="bf16",
                            offload_optimizer=OptimizerOffload(device="cpu", ratio=0.5, pin_memory=False),
                            activation_checkpointing=True, gather_16bit_weights_on_save=False),
-    # The largest full fine-tune on the lent 1 x H200 box (125 GiB host, 64 GiB disk): a 10.7B Llama (SOLAR-10.7B's
+    # The largest full fine-tune on a 1 x H200 machine (125 GiB host, 64 GiB disk): a 10.7B Llama (SOLAR-10.7B's
     # shape), partial offload ratio 0.4, host buffers not pinned, checkpointing
     # (`hf-zero3 plan --model 10b-h200x1 --hardware h200x1 --headroom 0.1`). v2: saves write ZeRO shards, as for
     # 20b-h200x2 (measured: a gathering save took the 125 GiB box from 92 to 112 GiB).

@@ -21,7 +21,7 @@ EVERY_PARAMETER = 2**63 - 1
 rank without parameter offload, ZeRO-3's gathers are views of the partition (DeepSpeed 0.19 `NoGatherHandle`), so it
 costs no memory; it skips the per-module fetch and the stream synchronization each fetch waits on. Measured on a 7B,
 1 x H200, global batch 16: 1.33x tokens/s, the same peak memory
-(benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)."""
+(benchmarks study persistence-7b-1gpu)."""
 
 
 class Strict(BaseModel):

@@ -78,7 +78,7 @@ class Tuned:
     `hf-zero3 bench --tuned NAME=MICRO[+ckpt]` (e.g. 13b on 2 x H200 fits stock ZeRO-3 only with checkpointing).
     Given twice or more for one baseline, each setting runs: "tuned by hand" means the better of checkpointing on and
     off, each at its largest micro batch (on one H200 a 7B's stock ZeRO-3 ran 1.29-1.35x faster with checkpointing
-    at micro 4-8 than without it at micro 1; benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md)."""
+    at micro 4-8 than without it at micro 1; benchmarks study ckpt-micro-7b-1gpu)."""
 
     micro: int
     checkpointing: bool = False

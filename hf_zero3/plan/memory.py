@@ -24,24 +24,25 @@ from hf_zero3.plan.speed import fastest, faster_measured
 GB = 10**9
 CUDA_CONTEXT_BYTES = 3 * GB
 """CUDA context, NCCL communicator buffers, kernels: GPU memory the torch allocator never sees. Measured as NVML
-used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks/README.md); more ranks mean more NCCL buffers."""
+used minus torch reserved on 2 x H200: 2.3-2.8 GB (benchmarks study memory-probe-8b); more ranks mean more NCCL
+buffers."""
 GPU_MARGIN = {3: 0.15, 2: 0.25, 1: 0.25, 0: 0.25}
 """Allocator fragmentation (reserved minus allocated) as a fraction of what is allocated, by ZeRO stage. Measured
-on 2 x H200 (benchmarks/README.md): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step makes and frees
-partition-sized copies of the gradients, which fragment the cache)."""
+on 2 x H200 (benchmarks study memory-probe-8b): ZeRO-3 7-16% (21% with param offload), ZeRO-2 17-26% (its step
+makes and frees partition-sized copies of the gradients, which fragment the cache)."""
 GPU_MARGIN_NEAR_FULL = {3: 0.07}
 """The fragmentation a nearly full GPU still needs, by ZeRO stage. Close to capacity the caching allocator releases
 its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
-140 GiB reserved 4.8% and 6.8% more (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md). A plan whose full margin does
+140 GiB reserved 4.8% and 6.8% more (benchmarks study 8b-tuned). A plan whose full margin does
 not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
-DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks/README.md)."""
+DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks study memory-probe-8b)."""
 HOST_MARGIN = 0.05
 """Headroom on the host total (allocator, OS); the terms themselves are measured, so it is small."""
 STARTUP_RANK_BYTES = 1_280_000_000
 """A rank's host memory at rest before its first step (CUDA, torch, DeepSpeed loaded): 13.74 GiB at the 7b's start-up
-peak less its 12.55 GiB of 16-bit partitions (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md)."""
+peak less its 12.55 GiB of 16-bit partitions (benchmarks study recipes-proof-7b-1gpu)."""
 LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
@@ -49,7 +50,7 @@ its incoming gradient and the fp32 gradient of the logits (transformers upcasts 
 OFFLOAD_IN_FLIGHT_LAYERS = 3
 """Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
 the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
-Measured on 2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md): ~4 at the peak by the per-token
+Measured on 2 x H200 (benchmarks study activation-offload): ~4 at the peak by the per-token
 slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
@@ -67,8 +68,8 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class FixedTerms:
     """The planner's terms that are not arithmetic over the model but properties of a machine type and its software:
-    measured per machine type with `benchmarks/memory_probe.py` (`hf_zero3/plan/profiles.py::FIXED_TERMS` holds
-    them, with the probe run that measured each, or says "estimate")."""
+    measured per machine type by a memory probe (`hf_zero3/plan/measured.json`'s `fixed_terms` holds them, with the
+    report of the probe that measured each, or says "estimate")."""
 
     cuda_context: int = CUDA_CONTEXT_BYTES
     """GPU bytes outside torch's allocator: CUDA context, NCCL buffers, kernels (NVML used - torch reserved)."""
@@ -77,7 +78,7 @@ class FixedTerms:
     gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
     """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
     gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
-    source: str = "measured on 2 x H200 (benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30)"
+    source: str = "measured on 2 x H200 (benchmarks study memory-probe-8b)"
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
 def pinned_block_bytes(nbytes: int) -> int:
     """Pinned host bytes that one tensor of `nbytes` takes: torch's pinned-memory cache (CachingHostAllocator)
     rounds every allocation up to a power of two (measured: 33 saved tensors of 192 MiB took 8.25 GiB pinned,
-    benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md)."""
+    benchmarks study activation-offload)."""
     return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
 
 
@@ -387,7 +388,7 @@ def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> l
     cache and kept there). With "nvme" only the gradient partition: the optimizer's swap buffers are page-locked by
     DeepSpeed's aio handle (`new_cpu_locked_tensor`: posix_memalign + mlock, swap_tensor/utils.py), not by torch's
     caching host allocator, so they are not rounded (measured, 70B width on 2 x H200: torch's pinned peak 4.0 GiB per
-    rank = the 2.2 GB gradient partition rounded; benchmarks/nvme-offload-70b-width_2xH200_2026-11-30.md)."""
+    rank = the 2.2 GB gradient partition rounded; benchmarks study nvme-offload-70b-width)."""
     if spec.offload_optimizer.device == "nvme":
         return [grad_bytes]
     sizes = sub_groups(spec, state_n)
@@ -442,7 +443,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             "buffer", phase="step")
     if stage == 2 and opt == "none" and W > 1:
         add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
-            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8 (benchmarks/README.md)", "buffer",
+            f"{b} B x {shard(grad_n)}: measured, DeepSpeed 0.19.8", "buffer",
             phase="backward")
     if opt == "nvme":
         swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
@@ -606,7 +607,7 @@ ONE_GPU_BUCKETS = {"reduce_bucket_size": 500_000_000, "overlap_comm": False}
 """ZeRO-3 on one GPU without offload: gradients in 5e8-element buckets (at most the model's size: DeepSpeed allocates
 the whole bucket), without the side stream. A one-rank reduce-scatter is a copy, there is nothing to overlap, and
 "auto" (hidden²) makes ~400 of them per micro-step. On a 7B that ran 1.06x, +0.9 GiB, one run each
-(benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md). Not with optimizer offload: there the side stream overlaps the
+(benchmarks study ckpt-micro-7b-1gpu). Not with optimizer offload: there the side stream overlaps the
 gradient copies to the host, which bound that step (unmeasured)."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_zero3.plan.memory import GB as _GB
+from hf_zero3.plan import calibration
 from hf_zero3.plan.memory import FixedTerms, Hardware, PlanError
 
 GiB, GB, TB = 2**30, 10**9, 10**12
@@ -22,23 +22,19 @@ A100_80GB = 81_038 * 2**20
 H100_80GB = 81_008 * 2**20
 """torch's total_memory of an H100 80GB SXM: about 79.1 GiB (estimate, as for the A100 80GB)."""
 H200 = 140 * GiB
-"""torch's total_memory of an H200: 140 GiB, measured on the lent boxes (benchmarks/README.md)."""
+"""torch's total_memory of an H200: 140 GiB, as torch reported it on the H200s the benchmarks ran on."""
 
 
-FIXED_TERMS: dict[str, FixedTerms] = {
-    # Measured: benchmarks/memory_probe.py on 2 x H200 (benchmarks/gpu_memory_probe.sh; results in
-    # benchmarks/memory-probe_llama3-8b_2xH200_2026-11-30/, summary in benchmarks/README.md): NVML used - torch
-    # reserved 2.3-2.8 GB; ZeRO-3 fragmentation 7-16%, ZeRO-2 17-26%; 5.7-6.1 GiB resident per rank.
-    "H200": FixedTerms(),
-    # Estimates until a probe runs there (`bash benchmarks/gpu_memory_probe.sh OUT zero3 zero3_offload_opt` on one
-    # such node, then set the measured figures here): same software stack, so the same allocator fragmentation and
-    # process size; 8 ranks per node hold more NCCL peer buffers than 2, so 0.5 GB more context is assumed.
-    "H100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
-    "A100-80GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
-    "A100-40GB": FixedTerms(cuda_context=int(3.5 * _GB), source="estimate (H200's probe + 0.5 GB NCCL for 8 ranks)"),
-}
-"""The planner's fixed terms per GPU type, each with the probe that measured it or "estimate": a new machine type is
-one probe run away (benchmarks/gpu_memory_probe.sh, then benchmarks/planner_vs_measured.py)."""
+def _fixed_terms(row: dict) -> FixedTerms:
+    return FixedTerms(cuda_context=row["cuda_context_bytes"], host_per_rank=row["host_per_rank_bytes"],
+                      gpu_margin=tuple((int(s), m) for s, m in row["gpu_margin"].items()),
+                      gpu_margin_near_full=tuple((int(s), m) for s, m in row["gpu_margin_near_full"].items()),
+                      source=row["source"])
+
+
+FIXED_TERMS: dict[str, FixedTerms] = {gpu: _fixed_terms(row) for gpu, row in calibration.fixed_terms().items()}
+"""The planner's fixed terms per GPU type (measured.json's `fixed_terms`), each with the probe report that measured it
+or "estimate": a new machine type is one memory probe run away (the benchmarks index says how)."""
 
 
 @dataclass(frozen=True)
@@ -91,13 +87,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # NVMe speed: estimate.
     Profile("dgx-h100", "H100-80GB", 8, H100_80GB, 2 * TB, 30_720 * GB, 40.0, 20.0,
             "NVIDIA DGX H100 user guide; NVMe GB/s estimated"),
-    # The lent 1 x H200 box (its device description; issue 15): 140 GiB GPU, 125 GiB host RAM, 64 GiB disk (not NVMe
+    # The single-H200 machine the one-GPU benchmarks ran on: 140 GiB GPU, 125 GiB host RAM, 64 GiB disk (not NVMe
     # we can rely on: planned as disk, speed unmeasured, estimate).
     Profile("h200x1", "H200", 1, H200, 125 * GiB, 64 * GiB, 2.0, 1.0,
-            "the lent 1 x H200 box (device description); disk GB/s estimated until measured"),
-    # The lent 2 x H200 box: 256 GiB host RAM, 128 GiB disk (device description; benchmarks/README.md).
+            "a 1 x H200 machine of the benchmarks (its description); disk GB/s estimated until measured"),
+    # The 2 x H200 machine the two-GPU benchmarks ran on: 256 GiB host RAM, 128 GiB disk (its description).
     Profile("h200x2", "H200", 2, H200, 256 * GiB, 128 * GiB, 2.0, 1.0,
-            "the lent 2 x H200 box (device description); disk GB/s estimated until measured"),
+            "a 2 x H200 machine of the benchmarks (its description); disk GB/s estimated until measured"),
 )}
 
 

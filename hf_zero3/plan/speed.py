@@ -1,21 +1,24 @@
-"""Measured training speed: which of two fitting ZeRO stages (or checkpointing or not) is faster, and the file that
+"""Measured training speed: which of two fitting ZeRO stages (or checkpointing or not) is faster, and the report that
 says so.
 
-Why a table: memory says what fits, not what is fast. On 2 x H200 with the 8B shape ZeRO-2 at micro 1 ran 1.17x stock
-ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran 1.22x ZeRO-2 (benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md):
-no rule of thumb orders them, only a measurement. Speeds vary between machines by up to 14% for one config
-(shared/ENGINEERING.md), so two stages are compared only through figures from one benchmark file (one lease).
+Why measurements: memory says what fits, not what is fast. On 2 x H200 with the 8B shape ZeRO-2 at micro 1 ran faster
+than stock ZeRO-3 at micro 2, yet ZeRO-3 + Liger at micro 3 ran faster than ZeRO-2: no rule of thumb orders them,
+only a measurement. Speeds vary between machines by more than those gaps for one config, so two stages are compared
+only through rows of one source (one machine, one sitting).
 
 `fastest` gets the fitting plans of the cheapest memory tier (same offload and checkpointing) in `cost_key` order and
 returns one with the reason; `faster_measured` then weighs that against the best plan with checkpointing, when one
-file measured both exactly (on one GPU a larger micro batch can outrun the recompute). Pure: no CUDA, no file reads;
-the figures are copied from the reports named in `source`.
+source measured both exactly (on one GPU a larger micro batch can outrun the recompute). Pure arithmetic over the
+rows of `measured.json` (`plan.calibration`), each of which names the report it is from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
+
+from hf_zero3.plan import calibration
 
 if TYPE_CHECKING:
     from hf_zero3.plan.memory import Hardware, Plan
@@ -30,7 +33,7 @@ GPU_MEM_TOLERANCE = 0.05
 
 @dataclass(frozen=True)
 class Measurement:
-    """One measured configuration: median tokens/s per GPU of a `hf-zero3 bench` run, and the file it is from."""
+    """One measured configuration: median tokens/s per GPU of a `hf-zero3 bench` run, and the report it is from."""
 
     params: int
     seq_len: int
@@ -62,38 +65,23 @@ def _checkpointing(on: bool, layers: int | None) -> str:
     return (" + checkpointing" + (f" (first {layers} layers)" if layers else "")) if on else ""
 
 
-_TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
-_LLAMA3_8B = 8_030_261_248
-_ONE_GPU = "benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01/lease3-call3/p7/7b-gb16-c2_1xH200_2026-12-01_proof.md"
-_LLAMA2_7B = 6_738_415_616
-_PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
-"""One lease, four calls on one warm machine: its table gathers them (benchmarks/lease_medians.py)."""
-MEASURED: tuple[Measurement, ...] = (
-    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, True, False, 3, 10_121, _TUNED,
-                "ours: recipe 8b v2, ZeRO-3 (5e8 buckets) + Liger, micro 3 x 2, median of 3 runs"),
-    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 3, False, False, 2, 7_136, _TUNED,
-                "stock_tuned: stock ZeRO-3 template, micro 2 x 3, median of 3 runs"),
-    Measurement(_LLAMA3_8B, 4096, 2, 140.0, 2, False, False, 1, 8_323, _TUNED,
-                "zero2_tuned: stock ZeRO-2 template, micro 1 x 6, one run"),
-    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, False, 1, 9_410, _ONE_GPU,
-                "lean: ZeRO-3 one-GPU settings + Liger, micro 1 x 16, one run"),
-    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, 4, 9_945, _ONE_GPU,
-                "ck4: the same + checkpointing, micro 4 x 4, one run"),
-    Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, 8, 10_089, _ONE_GPU,
-                "ck8: the same + checkpointing, micro 8 x 2, one run"),
-    *(Measurement(_LLAMA2_7B, 4096, 1, 140.0, 3, True, True, micro, tps, _PARTIAL, config, layers)
-      for micro, layers, tps, config in (
-          (8, None, 10_190, "ck8: the planner's choice before partial checkpointing, micro 8 x 2, one run"),
-          (8, 28, 10_474, "p8_28: the same, first 28 of 32 layers checkpointed, one run"),
-          (4, 22, 10_761, "p4_22: micro 4 x 4, first 22 layers checkpointed, one run"),
-          (2, 16, 10_826, "p2_16: micro 2 x 8, first 16 layers checkpointed, median of 2 runs"),
-          (2, 12, 11_289, "p2_12: micro 2 x 8, first 12 layers checkpointed, one run"),
-          (2, 8, 11_680, "p2_8: micro 2 x 8, first 8 layers checkpointed, median of 3 runs"),
-          (2, 6, 11_515, "p2_6: micro 2 x 8, first 6 layers checkpointed, one run"),
-          (2, 4, 11_817, "p2_4: micro 2 x 8, first 4 layers checkpointed, one run"))),
-)
-"""tokens/s/GPU by (model class, hardware, ZeRO stage, Liger, checkpointing, micro batch). FSDP2 (fsdp2_tuned 8,568 in
-the same file) is not a ZeRO option, so it is not here. Add a row per measured config: same source = same lease."""
+def study(source: str) -> str:
+    """A report's study, as the benchmarks index names it: its results folder without the date."""
+    for part in PurePosixPath(source).parts:
+        if part[:4].isdigit() and "_" in part:
+            return part.split("_", 1)[1]
+    return PurePosixPath(source).stem
+
+
+def _measurement(row: dict) -> Measurement:
+    return Measurement(row["params"], row["seq_len"], row["gpus"], row["gpu_mem_gib"], row["stage"], row["liger"],
+                       row["checkpointing"], row["micro_batch"], row["tokens_per_s_per_gpu"], row["source"],
+                       f"{row['row']}: {row['config']}", row["checkpointed_layers"])
+
+
+MEASURED: tuple[Measurement, ...] = tuple(_measurement(r) for r in calibration.speeds())
+"""tokens/s/GPU by (model class, hardware, ZeRO stage, Liger, checkpointing, micro batch), from measured.json. FSDP2
+is not a ZeRO option, so it is not there."""
 
 
 def _match(plan: Plan, rows: list[Measurement]) -> tuple[int, Measurement] | None:
@@ -113,9 +101,9 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
     """The plan to run among `tier` (fitting plans of one offload/checkpointing tier, in `cost_key` order: lower
     stage first, then the largest micro batch), and why.
 
-    Each stage runs at its largest fitting micro batch. When ZeRO-2 and ZeRO-3 both fit, the faster by one benchmark
-    file's measurements for this model class and hardware wins (the file with the closest matches); without one,
-    the memory-only order stands (the lower stage: no per-layer gathers), and the reason says so.
+    Each stage runs at its largest fitting micro batch. When ZeRO-2 and ZeRO-3 both fit, the faster by one source's
+    measurements for this model class and hardware wins (the source with the closest matches); without one, the
+    memory-only order stands (the lower stage: no per-layer gathers), and the reason says so.
     """
     by_stage: dict[int, Plan] = {}
     for p in tier:
@@ -137,8 +125,8 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
                 best_file, best = source, (closeness, matches)
     stages = " and ".join(f"ZeRO-{s} (micro {p.training.micro_batch})" for s, p in by_stage.items())
     if best is None:
-        return first, (f"{stages} both fit; no measurement of both for this model class on {hardware.world_size} GPU(s) "
-                       f"of {hardware.gpu_mem / GIB:.0f} GiB (hf_zero3/plan/speed.py MEASURED), so the memory-only "
+        return first, (f"{stages} both fit; no measurement of both for this model class on {hardware.world_size} "
+                       f"GPU(s) of {hardware.gpu_mem / GIB:.0f} GiB (hf_zero3/plan/measured.json), so the memory-only "
                        f"order: ZeRO-{first.spec.stage} first")
     matches = best[1]
     winner = max(matches, key=lambda s: matches[s][1].tokens_per_s)
@@ -148,7 +136,7 @@ def fastest(tier: list[Plan], shape: ModelShape, hardware: Hardware, seq_len: in
         p = by_stage[s]
         want = f"ZeRO-{s}{' + Liger' if p.training.liger else ''} micro {p.training.micro_batch}"
         said.append(m.describe() + ("" if score == 2 else f" (for {want}: not measured, a lower bound)"))
-    return plan, f"ZeRO-{winner} by measured speed: " + " vs ".join(said) + f" ({best_file})"
+    return plan, f"ZeRO-{winner} by measured speed: " + " vs ".join(said) + f" (study {study(best_file)})"
 
 
 def _describe(p: Plan) -> str:
@@ -170,8 +158,8 @@ def _more_recompute(plan: Plan, rows: list[Measurement]) -> Measurement | None:
 
 def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq_len: int,
                     table: tuple[Measurement, ...] = MEASURED) -> tuple[Plan, str] | None:
-    """The faster of two plans by one benchmark file that measured both exactly (stage, Liger, checkpointing, micro
-    batch), with why; None without such a file. Why: checkpointing costs a forward's recompute, yet it can win by a
+    """The faster of two plans by one source that measured both exactly (stage, Liger, checkpointing, micro
+    batch), with why; None without such a source. Why: checkpointing costs a forward's recompute, yet it can win by a
     larger micro batch, as on one H200 where a 7B fits only micro 1 without it (ZeRO-3's per-micro-step cost is paid
     16 times for global batch 16 instead of 2)."""
     rows = [m for m in table if m.applies(shape, hardware, seq_len)]
@@ -181,11 +169,11 @@ def faster_measured(a: Plan, b: Plan, shape: ModelShape, hardware: Hardware, seq
             (_, ma), (_, mb) = found
             winner, loser, mw, ml = (b, a, mb, ma) if mb.tokens_per_s > ma.tokens_per_s else (a, b, ma, mb)
             return winner, (f"{_describe(winner)} by measured speed: {mw.tokens_per_s:,.0f} vs "
-                            f"{ml.tokens_per_s:,.0f} tokens/s/GPU for {_describe(loser)} ({source})")
+                            f"{ml.tokens_per_s:,.0f} tokens/s/GPU for {_describe(loser)} (study {study(source)})")
         exact_a = found[0][1] if found[0] is not None and found[0][0] == 2 else None
         bound = _more_recompute(b, [m for m in rows if m.source == source])
         if exact_a is not None and bound is not None and bound.tokens_per_s > exact_a.tokens_per_s:
             return b, (f"{_describe(b)} by measured speed: at least {bound.tokens_per_s:,.0f} tokens/s/GPU (measured "
                        f"with {bound.checkpointed_layers or 'all'} layers checkpointed: more recompute) vs "
-                       f"{exact_a.tokens_per_s:,.0f} for {_describe(a)} ({source})")
+                       f"{exact_a.tokens_per_s:,.0f} for {_describe(a)} (study {study(source)})")
     return None

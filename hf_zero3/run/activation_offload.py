@@ -1,4 +1,4 @@
-"""Activation offloading to host memory for HF causal LMs under the stock Trainer (issue 16): what DeepSpeed's
+"""Activation offloading to host memory for HF causal LMs under the stock Trainer: what DeepSpeed's
 `activation_checkpointing.cpu_checkpointing` promises, made real for models that never call DeepSpeed's
 checkpointing API.
 
@@ -12,7 +12,7 @@ tensors saved just before it (which backward needs next) are prefetched, so the 
   autograd, outside the layer's own recompute hooks) the tensors saved are the checkpointed layer inputs (plus the
   final norm's): exactly the activation memory that grows with layers x tokens. It moves to the host; a few layer
   inputs are on the GPU at a time in backward. Measured (8B, 2 x H200,
-  benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md): none left after forward, ~4 at the backward peak,
+  benchmarks study activation-offload): none left after forward, ~4 at the backward peak,
   no throughput cost at 4k and 16k tokens.
 * Without checkpointing every saved tensor above `min_bytes` moves: far more bytes, so PCIe bound; the planner says so.
 

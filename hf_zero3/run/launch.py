@@ -482,7 +482,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     if (best is not None and gathers_are_views(ours.spec, hardware) and persists_every_parameter(best.spec, shape)
             and not persists_every_parameter(ours.spec, shape)):
         print(f"          the planner also sets stage3_param_persistence_threshold: {EVERY_PARAMETER} (every "
-              "parameter whole: free on one GPU, 1.33x on a 7B; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)")
+              "parameter whole: free on one GPU, and faster there: it skips every per-module fetch)")
     return max(rc, 0 if ours.fits else 1)
 
 

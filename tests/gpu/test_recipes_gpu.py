@@ -5,7 +5,7 @@ checkpoint at save_steps that is complete, exported to a plain HF folder, and re
 runs the same launch.sh after `make setup`. Run on a GPU box: `python -m pytest tests/gpu -m gpu`.
 On 2 x H200, 2026-11-30: 7b and 13b passed (about 50 s each). On 1 x H200, 2026-12-01: 8b, 10b-h200x1 and
 20b-h200x2 passed; 70b trained and saved, and its export failed, which hf_zero3/checkpoint/nvme_states.py fixes
-(benchmarks/gpu-recipe-tests_1xH200_2026-12-01.md)."""
+(benchmarks/results/2026-12-01_gpu-recipe-tests/report.md)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def test_resume_from_an_nvme_checkpoint_matches_the_uninterrupted_run(tmp_path, 
 
     if not AsyncIOBuilder().is_compatible():
         pytest.skip("NVMe offload needs DeepSpeed's async_io op, which needs libaio (apt install libaio-dev, or "
-                    "CFLAGS/LDFLAGS pointing at it: benchmarks/libaio_env.sh)")
+                    "CFLAGS/LDFLAGS pointing at it: benchmarks/common.sh)")
     config, overrides, _ = shrunk_config("70b", tmp_path / "config")
     recipe_config = json.loads((ROOT / "recipes/70b/ds_config.json").read_text())
     if sub_group_size:

@@ -112,7 +112,7 @@ def test_tuned_settings_for_a_model_the_8b_defaults_do_not_fit():
 
 def test_several_settings_of_one_baseline_each_run_and_the_report_names_the_best():
     """"Tuned by hand" is the better of checkpointing on and off: on one H200 a 7B's stock ZeRO-3 was fastest with
-    checkpointing at micro 8, not without it at micro 1 (benchmarks/ckpt-micro-1gpu_7b_1xH200_2026-12-01.md)."""
+    checkpointing at micro 8, not without it at micro 1 (benchmarks/results/2026-12-01_ckpt-micro-7b-1gpu/report.md)."""
     from hf_zero3.ops.bench import Tuned, baseline_groups
 
     tuned = Tuned.collect(["stock_tuned=1", "stock_tuned=8+ckpt", "stock_tuned=1"])  # a repeat runs once

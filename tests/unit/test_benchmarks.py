@@ -1,10 +1,12 @@
-"""Figures in benchmarks/README.md come from the committed raw records, not from hand-typing."""
+"""Figures in the benchmark reports come from the committed raw records, not from hand-typing."""
 
 from __future__ import annotations
 
 import importlib.util
 
 from tests.conftest import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _load(name: str):
@@ -14,19 +16,22 @@ def _load(name: str):
     return module
 
 
-def test_planner_table_in_benchmarks_readme_is_regenerated_from_the_records():
-    assert _load("planner_vs_measured").table() in (ROOT / "benchmarks/README.md").read_text(), \
-        "run `python benchmarks/planner_vs_measured.py` and paste the table into benchmarks/README.md"
+def test_the_planner_vs_measured_tables_are_regenerated_from_the_records():
+    """results/planner_vs_measured.md is what the planner and the committed raw records give today: a planner change
+    that moves a prediction fails here until the file is rewritten."""
+    assert _load("planner_vs_measured").render() == (RESULTS / "planner_vs_measured.md").read_text(), \
+        "stale: run `python benchmarks/planner_vs_measured.py` and commit benchmarks/results/planner_vs_measured.md"
 
 
-def test_summary_rows_in_benchmarks_readme_match_the_generated_reports():
-    """Each summary row's tokens/s, MFU and peak memory are those of a row in a committed report."""
+def test_the_8b_comparison_rows_are_those_of_its_bench_reports():
+    """The 8b-vs-stock study's table quotes its bench runs: each row's tokens/s, MFU and peak memory are a row of one of
+    the bench reports in the same folder."""
     import re
 
-    reports = "".join(p.read_text() for p in (ROOT / "benchmarks").glob("*_*.md"))
-    summary = (ROOT / "benchmarks/README.md").read_text().split("## Planner")[0]
-    rows = re.findall(r"\| (\d{4}) \| (\d+\.\d)% \| (\d+\.\d) \|", summary)
-    assert len(rows) >= 8
+    study = RESULTS / "2026-11-30_8b-vs-stock"
+    reports = "".join(p.read_text() for p in study.glob("llama3-8b*.md"))
+    rows = re.findall(r"\| (\d{4}) \| (\d+\.\d)% \| (\d+\.\d) \|", (study / "report.md").read_text())
+    assert len(rows) == 8
     measured = re.findall(r"\| (\d+) \| [\d.]+ \| ([\d.]+)% \| ([\d.]+) \|", reports)
     for tokens, mfu, peak in rows:
         assert any(t == tokens and m == mfu and abs(float(p) - float(peak)) <= 0.05 for t, m, p in measured), \
@@ -55,9 +60,10 @@ def test_memory_probe_replays_the_allocator_trace_to_its_peak():
 
 
 def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
-    """The committed issue-16 run: bytes moved and pinned host as planned, peak allocated within +10% (over)."""
+    """The committed activation-offload study: bytes moved and pinned host as planned, peak allocated within +10%
+    (over)."""
     report = _load("activation_offload_report")
-    folder = ROOT / "benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30/8b"
+    folder = ROOT / "benchmarks/results/2026-11-30_activation-offload/8b"
     assert "| 4096 | offload | 3,668 | 1.117 | 2.67 |" in report.render(folder)
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:7]]
             for line in report.planner_table(folder, "8b").splitlines()[2:]}
@@ -66,29 +72,64 @@ def test_activation_offload_report_puts_the_planner_beside_the_2xh200_records():
     assert all(0 <= float(error.rstrip("%")) <= 10 for _, error, *_ in rows.values())
 
 
-def test_the_partial_checkpointing_lease_table_is_regenerated_from_its_raw_records():
-    """The table the planner's speed rows cite (one lease, four calls) is what lease_medians.py makes of the JSONL."""
-    lease = _load("lease_medians")
-    folder = ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01"
+def test_the_partial_checkpointing_table_is_regenerated_from_its_raw_records():
+    """The table the planner's speed rows cite (one machine, four calls) is what run_medians.py makes of the JSONL."""
+    medians = _load("run_medians")
+    folder = ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu"
     paths = sorted(folder.glob("call*/p7/*.jsonl"))
     assert len(paths) == 4
-    table = lease.table(lease.runs_by_config(paths, 2, {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}))
-    assert table in (ROOT / "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md").read_text()
+    rename = {("ours", "7b-partial-c1_1xH200_2026-12-01_proof.jsonl"): "ck8"}
+    table = medians.table(medians.runs_by_config(paths, 2, rename))
+    assert table in (ROOT / "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md").read_text()
 
 
-def test_the_seed_claims_gpu_report_and_its_readme_rows_come_from_its_rungs():
-    """The 1 x H200 ladder: the report's generated part is render_report of the committed rungs, and each row of
-    benchmarks/README.md's summary (peak allocated GiB, tokens/s, steps) is that rung's summary."""
-    import re
-
+def test_the_seed_claims_gpu_report_is_rendered_from_its_rungs():
+    """The 1 x H200 ladder: the report's generated part is render_report of the committed rungs."""
     from hf_zero3.ops.compare import load_results, render_report
 
-    summaries, records = load_results(ROOT / "benchmarks/seed_claims_1xH200_2026-12-01/rungs")
+    summaries, records = load_results(RESULTS / "2026-12-01_seed-claims-1gpu/rungs")
     generated = render_report(summaries, records).split("\n", 2)[2]  # without the title
-    assert generated in (ROOT / "benchmarks/seed_claims_1xH200_2026-12-01.md").read_text(), \
+    assert generated in (RESULTS / "2026-12-01_seed-claims-1gpu/report.md").read_text(), \
         "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
-    section = (ROOT / "benchmarks/README.md").read_text().split("## Issue 17")[1]
-    rows = re.findall(r"\| ([\d.]+) \|\s*(?:[+-]\d+%)?\s*\| ([\d,]+) \|\s*(?:[\d.]+x)?\s*\| (\d+) \|", section)
-    shown = {(f"{s['gpu_peak_allocated_gb']:.2f}", f"{s['tokens_per_s_per_gpu']:,.0f}", str(s["steps"]))
-             for n, s in summaries.items() if n != "ddp_seed2"}
-    assert len(rows) == 5 and set(rows) == shown
+
+
+def test_the_readme_results_table_is_its_reports_summary():
+    """README.md's results table quotes the report it links: each row's runs, tokens/s, MFU and peak memory are a row
+    of the bench report's summary, and each ratio is ours over that row."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    report_md = re.search(r"^Report: \[[^]]*\]\((benchmarks/results/[^)]+)/report\.md\)", readme, re.M).group(1)
+    summary = "".join(p.read_text() for p in (ROOT / report_md).glob("*_tuned.md"))
+    measured = {(tps, mfu, peak, runs) for tps, mfu, peak, runs in re.findall(
+        r"^\| \w+ \| (\d+) \| [\d.]+ \| ([\d.]+)% \| ([\d.]+) \|.*\| (\d+): \d+-\d+ \|$", summary, re.M)}
+    rows = re.findall(r"^\| [^|]+ \| (\d+) \| (\d+) \| ([\d.]+)% \| ([\d.]+) \| ?(?:([\d.]+)x)? ?\|$", readme, re.M)
+    assert len(rows) >= 4
+    ours = int(rows[0][1])
+    for runs, tps, mfu, peak, ratio in rows:
+        assert (tps, mfu, peak, runs) in measured, (tps, mfu, peak, runs)
+        assert not ratio or float(ratio) == round(ours / int(tps), 2), (tps, ratio)
+
+
+def test_the_index_names_only_scripts_and_reports_that_exist():
+    """benchmarks/README.md: every harness script and report it points to is there, and every study is indexed."""
+    import re
+
+    index = (ROOT / "benchmarks/README.md").read_text()
+    scripts = set(re.findall(r"benchmarks/([\w.]+\.(?:sh|py))", index))
+    assert scripts and not [s for s in scripts if not (ROOT / "benchmarks" / s).is_file()]
+    reports = set(re.findall(r"\]\((results/[^)]+)\)", index))
+    assert not [r for r in reports if not (ROOT / "benchmarks" / r).exists()]
+    studies = {p.name for p in RESULTS.iterdir() if p.is_dir()}
+    indexed = {r.split("/")[1] for r in reports if r.count("/") > 1}
+    assert studies == indexed, studies ^ indexed
+
+
+def test_every_harness_script_parses_and_bench_names_the_recipes_it_runs():
+    import subprocess
+
+    for script in sorted((ROOT / "benchmarks").glob("*.sh")):
+        assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0, script
+    proc = subprocess.run(["bash", "benchmarks/bench.sh", "/nonexistent/out"], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "RECIPE": "13b", "CHECK_ONLY": "1"})
+    assert proc.returncode == 2 and "RECIPE=13b" in proc.stderr and "RECIPE=tiny" in proc.stderr, proc.stderr

@@ -17,7 +17,7 @@ from hf_zero3.run.launch import (
     write_deepspeed_env,
     write_hostfile,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plan_line
 
 R70 = ROOT / "recipes" / "70b"
 TARGET_70B = Target(1, 8, "40GB")
@@ -239,10 +239,9 @@ def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
     plain = capsys.readouterr().out
     main([*argv, "--use_liger_kernel", "true"], {"DRY_RUN": "1"})
     liger = capsys.readouterr().out
-    plan_line = lambda out: next(line for line in out.splitlines() if line.startswith("plan      "))
-    assert "Liger" not in plan_line(plain) and "fused linear cross-entropy (Liger)" not in plain
-    assert ", Liger" in plan_line(liger) and "fused linear cross-entropy (Liger)" in liger
-    gpu = lambda out: float(out.split("recipe    8b: ")[1].split(" GB per GPU")[0].split(": ")[-1])
+    assert "Liger" not in plan_line(plain, "plan") and "fused linear cross-entropy (Liger)" not in plain
+    assert ", Liger" in plan_line(liger, "plan") and "fused linear cross-entropy (Liger)" in liger
+    gpu = lambda out: float(plan_line(out, "recipe").removeprefix("8b: ").split(" GB per GPU")[0].split(": ")[-1])
     assert gpu(plain) - gpu(liger) > 30
 
 

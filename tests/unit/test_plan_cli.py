@@ -11,6 +11,7 @@ import torch
 from hf_zero3.argtypes import parse_size
 from hf_zero3.cli import main
 from hf_zero3.config.check import check_ds_config, has_errors
+from tests.conftest import plan_line
 
 SEED = ["plan", "--model", "70b", "--nodes", "1", "--gpus", "8", "--gpu-mem", "40GB"]
 
@@ -30,7 +31,8 @@ def test_parse_size_rejects_with_examples(text):
 def test_seed_command_table(capsys):
     assert main(SEED) == 0
     out = capsys.readouterr().out
-    assert "choice    ZeRO-3 + offload optimizer (cpu) + checkpointing: micro batch 1 x accumulation 1 x 8 GPUs" in out
+    assert plan_line(out, "choice").startswith("ZeRO-3 + offload optimizer (cpu) + checkpointing: micro batch 1 x "
+                                               "accumulation 1 x 8 GPUs")
     assert "needs 1,686.3 GB host RAM per node (not checked: pass --host-ram)" in out  # pinned blocks rounded up, the save's gather
     assert "host RAM not given" in out
     for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "logits + loss (fp32 cross-entropy)",
@@ -63,7 +65,7 @@ def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path):
     path = tmp_path / "ds.json"
     assert main([*SEED, "--host-ram", "1TB", "--write-config", str(path)]) == 1
     captured = capsys.readouterr()
-    assert "result    nothing fits 70b" in captured.out
+    assert plan_line(captured.out, "result").startswith("nothing fits 70b")
     assert "It would fit on 2 nodes" in captured.out
     assert "no ds_config was written" in captured.err
     assert not path.exists()
@@ -72,7 +74,8 @@ def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path):
 def test_small_model_and_custom_shape(capsys):
     assert main(["plan", "--model", "tiny", "--gpus", "1", "--gpu-mem", "8GB", "--host-ram", "16GB"]) == 0
     # no global batch given: the largest micro batch that fits (the search stops at 64), not micro batch 1
-    assert "choice    ZeRO-2: micro batch 64 x accumulation 1 x 1 GPUs = global batch 64" in capsys.readouterr().out
+    assert plan_line(capsys.readouterr().out, "choice").startswith(
+        "ZeRO-2: micro batch 64 x accumulation 1 x 1 GPUs = global batch 64")
     argv = ["plan", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4", "--vocab", "100",
             "--gpus", "1", "--gpu-mem", "4GB", "--host-ram", "8GB", "--json"]
     assert main(argv) == 0
@@ -123,7 +126,7 @@ def test_from_scratch_plans_fp32_loading_on_every_zero2_rank(capsys):
 
 def test_liger_lets_micro_batch_3_fit_without_checkpointing(capsys):
     """Llama-3-8B on 2 x 140 GiB at micro batch 3 (recipe 8b v2): checkpointing is needed without Liger, not with it
-    (no fp32 logits, smaller layers; measured 118.9 GiB allocated, benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md)."""
+    (no fp32 logits, smaller layers; measured 118.9 GiB allocated, benchmarks/results/2026-11-30_8b-tuned/llama3-8b_2xH200_2026-11-30_tuned.md)."""
     argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", "--micro-batch", "3",
             "--seq-len", "4096", "--json"]
     assert main(argv) == 0
@@ -135,14 +138,14 @@ def test_liger_lets_micro_batch_3_fit_without_checkpointing(capsys):
 
 def test_the_plan_says_what_each_save_writes_and_when_the_disk_cannot_hold_it(capsys):
     """Recipe 10b-h200x1 saves ZeRO shards: 12 B x 10.73B = 128.8 GB, more than the single-H200 box's disk (its
-    final save filled that disk, benchmarks/pinned-offload_10b-h200x1_1xH200_2026-12-01.md)."""
+    final save filled that disk, benchmarks/results/2026-12-01_pinned-offload-10b/report.md)."""
     assert main(["plan", "--model", "10b-h200x1", "--hardware", "h200x1", "--global-batch", "8", "--from-scratch",
                  "--headroom", "0.1"]) == 0
-    saves = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saves"))
-    assert saves == ("saves     a checkpoint 128.8 GB (fp32 weights + Adam moments), the final model 128.8 GB (ZeRO "
+    saves = plan_line(capsys.readouterr().out, "saves")
+    assert saves == ("a checkpoint 128.8 GB (fp32 weights + Adam moments), the final model 128.8 GB (ZeRO "
                      "shards: hf-zero3 export writes the HF folder); more than the 68.7 GB left on the disk at "
                      "/local_nvme: put output_dir on a larger volume")
     assert main(["plan", "--model", "7b", "--hardware", "p4d.24xlarge"]) == 0  # ZeRO-2: rank 0 saves the module too
-    saves = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saves"))
-    assert saves.startswith("saves     a checkpoint 107.8 GB (fp32 weights + Adam moments, 16-bit weights), the final "
+    saves = plan_line(capsys.readouterr().out, "saves")
+    assert saves.startswith("a checkpoint 107.8 GB (fp32 weights + Adam moments, 16-bit weights), the final "
                             "model 13.5 GB") and "larger volume" not in saves

@@ -86,7 +86,7 @@ def test_zero3_7b_per_gpu_by_hand():
 def test_one_gpu_zero3_gathers_are_views_and_every_parameter_persists():
     """On one rank DeepSpeed 0.19 "gathers" a parameter as a view of its partition (`_no_gather_coalesced`): no gather
     buffers, so persisting every parameter is free, and it skips the per-module fetch (measured on 7B, 1 x H200:
-    1.33x tokens/s, the same 116.96 GiB peak; benchmarks/persistence-1gpu_7b_1xH200_2026-12-01.md)."""
+    1.33x tokens/s, the same 116.96 GiB peak; benchmarks/results/2026-12-01_persistence-7b-1gpu/report.md)."""
     from hf_zero3.config.spec import EVERY_PARAMETER
 
     one, two = Hardware(1, 1, 141 * GB, 134 * GB), Hardware(1, 2, 141 * GB, 134 * GB)
@@ -218,7 +218,7 @@ def test_a_nearly_full_gpu_gets_the_measured_near_full_fragmentation_not_the_roo
 
 
 def test_activation_offload_pins_power_of_two_blocks_as_measured():
-    """2 x H200 (benchmarks/activation-offload_llama3-8b_2xH200_2026-11-30.md), 8B, Liger, checkpointing + offload:
+    """2 x H200 (benchmarks/results/2026-11-30_activation-offload/report.md), 8B, Liger, checkpointing + offload:
     33 saved tensors (32 layer inputs + the final norm's) moved 6.19 GiB per rank at 24,576 tokens and held 8.25 GiB
     pinned (192 MiB tensors in 256 MiB blocks); at 16,384 and 32,768 tokens (powers of two) pinned = moved."""
     GiB = 1024**3
@@ -455,7 +455,7 @@ def test_oom_advice_for_run_reads_what_train_py_holds(monkeypatch):
 
 
 def test_a_gathering_save_holds_the_16bit_model_on_the_first_node_and_shards_are_the_lever():
-    """Measured on 1 x H200 (benchmarks/largest-fit_10b-h200x1_1xH200_2026-12-01.md): a ZeRO-3 save with 16-bit
+    """Measured on 1 x H200 (benchmarks/results/2026-12-01_largest-fit-10b-micro4/report.md): a ZeRO-3 save with 16-bit
     gathering adds 2 B x P to rank 0's host RAM on top of everything else; saves that write ZeRO shards add nothing,
     and the chooser takes them only where gathering does not fit."""
     shape, training = load_shape("10b-h200x1"), Training(4096, 1, 8)
@@ -475,7 +475,7 @@ def test_a_gathering_save_holds_the_16bit_model_on_the_first_node_and_shards_are
 
 
 def test_zero3_start_up_packs_the_16bit_partitions_through_host_memory_a_maximum_not_a_sum():
-    """Measured (benchmarks/recipes-proof-7b_1xH200_2026-12-01.md): without parameter offload, DeepSpeed builds each
+    """Measured (benchmarks/results/2026-12-01_recipes-proof-7b-1gpu/report.md): without parameter offload, DeepSpeed builds each
     rank's flat 16-bit buffer through host memory before the first step, when no offloaded state exists yet."""
     shape, hw = load_shape("7b"), _gpus(1, 1, mem=141 * GB)
     no_save = ZeroSpec(stage=3, precision="bf16", gather_16bit_weights_on_save=False)

@@ -59,6 +59,24 @@ def test_train_args_parse_strictly_and_need_no_string_coercion(recipe):
 
 
 @by_name
+def test_the_commented_chat_run_is_a_valid_data_block(recipe):
+    """Each recipe shows a chat run beside its raw-text one: uncommented, its lines are DataArguments fields that
+    parse with the right types and name a chat format."""
+    from hf_zero3.data.arguments import FORMATS, DataArguments
+
+    text = (recipe / "train_args.yaml").read_text()
+    block = text[text.index("# Chat data instead"):].splitlines()
+    lines = [line[2:] for line in block[1:] if re.match(r"# [a-z_]+: ", line)]
+    chat = yaml.safe_load("\n".join(lines))
+    assert {"train_file", "data_format", "train_on_inputs", "packing", "overlong"} <= set(chat), recipe.name
+    args = DataArguments(**chat)
+    assert args.data_format == "chat" and args.data_format in FORMATS and args.packing is True
+    assert args.train_on_inputs is False and args.train_file.endswith(".jsonl")
+    if recipe.name == "tiny":  # the one that runs as shipped: its chat files are in assets/tiny/chat
+        assert (ROOT / args.train_file).is_file() and (ROOT / args.validation_file).is_file()
+
+
+@by_name
 def test_ds_config_is_the_generators_output(recipe):
     spec = RECIPE_CONFIGS[recipe.name]
     text = (recipe / "ds_config.json").read_text()
@@ -112,7 +130,7 @@ def test_readme_header_names_hardware_launch_measurement_and_version(recipe):
     rows = _header_rows(recipe)
     assert {"target hardware", "launch", "measured"} <= set(rows), rows
     assert f"recipes/{recipe.name}/launch.sh" in rows["launch"]
-    assert rows["measured"].startswith(("not yet (no such hardware lent)", "not yet: ", "20")), rows["measured"]
+    assert rows["measured"].startswith(("not yet (no such hardware at hand)", "not yet: ", "20")), rows["measured"]
     first_line = (recipe / "train_args.yaml").read_text().splitlines()[0]
     assert f"(v{version})" in first_line, f"{recipe.name}: train_args.yaml line 1 says {first_line!r}, README v{version}"
     entries = _changelog(recipe)

@@ -11,14 +11,13 @@ import shlex
 import pytest
 
 from hf_zero3.cli.main import main
-from hf_zero3.plan.memory import GB, Hardware, choose
+from hf_zero3.plan.memory import Hardware, choose
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plan_line
 
 S8 = load_shape("8b")
 H200X2 = Hardware(1, 2, 140 * 2**30, None)
-TUNED = "benchmarks/llama3-8b_2xH200_2026-11-30_tuned.md"
 
 
 def _report_medians(path: str) -> dict[str, tuple[int, int]]:
@@ -49,7 +48,7 @@ def test_8b_on_2xh200_with_liger_picks_recipe_8b_v2_by_measured_speed():
     assert choice.training_args["use_liger_kernel"] is True
     assert choice.speed.startswith("ZeRO-3 by measured speed: ZeRO-3 + Liger micro 3: 10,121 tokens/s/GPU vs ZeRO-2")
     assert "ZeRO-2 micro 1: 8,323 tokens/s/GPU (for ZeRO-2 + Liger micro 1: not measured, a lower bound)" in choice.speed
-    assert choice.speed.endswith(f"({TUNED})")
+    assert choice.speed.endswith("(study 8b-tuned)")  # the study that holds both rows
     # without a global batch: the same micro batch (the largest that fits), accumulation 1
     alone = choose(S8, H200X2, 4096, liger=True).plan
     assert (alone.label, alone.training.micro_batch, alone.training.grad_accum) == ("ZeRO-3", 3, 1)
@@ -67,16 +66,16 @@ def test_without_a_lower_bound_for_both_stages_the_memory_order_stands_and_says_
     assert other.plan.spec.stage == 2 and "no measurement of both" in other.speed
 
 
-def test_a_measured_faster_zero2_wins_and_a_faster_row_from_another_lease_is_ignored():
+def test_a_measured_faster_zero2_wins_and_a_faster_row_from_another_machine_is_ignored():
     """Rows are compared only within one source file; the closest-matching file decides."""
     z3 = next(m for m in MEASURED if m.stage == 3 and m.liger)
-    fast_z2 = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 11_000, "lease-b.md", "z2: one run")
-    slow_z3 = dataclasses.replace(z3, tokens_per_s=9_000, source="lease-b.md")
+    fast_z2 = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 11_000, "machine-b.md", "z2: one run")
+    slow_z3 = dataclasses.replace(z3, tokens_per_s=9_000, source="machine-b.md")
     choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, fast_z2, slow_z3))
     assert choice.plan.label == "ZeRO-2" and choice.plan.training.micro_batch == 1
-    assert choice.speed.startswith("ZeRO-2 by measured speed: ZeRO-2 + Liger micro 1: 11,000") and "lease-b.md" in \
+    assert choice.speed.startswith("ZeRO-2 by measured speed: ZeRO-2 + Liger micro 1: 11,000") and "(study machine-b)" in \
         choice.speed
-    lone = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 99_000, "lease-c.md", "z2 alone")
+    lone = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 99_000, "machine-c.md", "z2 alone")
     assert choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, lone)).plan.spec.stage == 3
 
 
@@ -97,12 +96,12 @@ def test_plan_cli_says_why_it_chose(capsys, flag, liger):
     argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", flag]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert f"liger     {'on' if liger else 'off'} ({flag})" in text
-    speed = next(line for line in text.splitlines() if line.startswith("speed     "))
-    assert (TUNED in speed) if liger else ("memory-only order" in speed)
+    assert plan_line(text, "liger").startswith(f"{'on' if liger else 'off'} ({flag})")
+    speed = plan_line(text, "speed")
+    assert ("(study 8b-tuned)" in speed) if liger else ("memory-only order" in speed)
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["liger"] is liger and out["speed"] == speed.removeprefix("speed     ")
+    assert out["liger"] is liger and out["speed"] == speed
     assert out["choice"]["option"] == ("ZeRO-3" if liger else "ZeRO-2")
 
 
@@ -121,7 +120,7 @@ def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
 
 S7 = load_shape("7b")
 H200 = Hardware(1, 1, 141 * 2**30, 125 * 2**30)
-PARTIAL = "benchmarks/partial-ckpt-1gpu_7b_1xH200_2026-12-01.md"
+PARTIAL = "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md"
 
 
 def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step_measured_faster():
@@ -134,7 +133,7 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
         "ZeRO-3 + checkpointing (first 8 layers)", 2, 8)
     assert choice.speed == ("ZeRO-3 + Liger + checkpointing (first 8 layers) micro 2 by measured speed: 11,680 vs "
                             "10,190 tokens/s/GPU for ZeRO-3 + Liger + checkpointing micro 8 "
-                            f"({PARTIAL})")
+                            "(study partial-ckpt-7b-1gpu)")
     assert choice.training_args["gradient_checkpointing"] is True
     assert choice.training_args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert choice.training_args["gradient_checkpointing_layers"] == 8
@@ -181,7 +180,7 @@ def test_checkpointing_needs_both_measured_exactly_in_one_file():
     without = tuple(m for m in MEASURED if not m.config.startswith(("ck8", "ck4")))
     ck8 = next(m for m in MEASURED if m.config.startswith("ck8"))
     assert checkpoints(MEASURED) and not checkpoints(without)
-    assert not checkpoints((*without, dataclasses.replace(ck8, source="lease-b.md")))
+    assert not checkpoints((*without, dataclasses.replace(ck8, source="machine-b.md")))
 
 
 def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():

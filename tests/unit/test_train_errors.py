@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import shutil
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_zero3.run.train import load_arguments, main
-from tests.conftest import ROOT, TINY_YAML
+from tests.conftest import ROOT, TINY_YAML, error_naming
 
 pytestmark = pytest.mark.usefixtures("single_rank_env")
 
@@ -27,35 +26,35 @@ def test_unknown_yaml_key_is_rejected_with_a_suggestion(tmp_path, capsys):
     config.write_text(TINY_YAML.read_text() + "learning_rat: 1.0e-4\n")
     assert main([str(config), "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "unknown argument(s): learning_rat (did you mean learning_rate?)" in err
+    error_naming(err, "learning_rat", "learning_rate")
     assert not (tmp_path / "out").exists()
 
 
 def test_unknown_cli_override_is_rejected(capsys, tmp_path):
     err = train_fails(capsys, "--max_step", "3", "--output_dir", tmp_path / "o")
-    assert "max_step (did you mean max_steps?)" in err
+    error_naming(err, "max_step", "max_steps")
 
 
 def test_missing_data_file(capsys, tmp_path):
     err = train_fails(capsys, "--train_file", "no/such/train.txt", "--output_dir", tmp_path / "o")
-    assert "'no/such/train.txt' does not exist" in err and "fix the path" in err
+    error_naming(err, "train_file", "no/such/train.txt", "does not exist", "fix the path")
 
 
 def test_empty_data_file(capsys, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     err = train_fails(capsys, "--train_file", empty, "--output_dir", tmp_path / "o")
-    assert "is empty" in err
+    error_naming(err, "train_file", "is empty", "point train_file at a file")
 
 
 def test_block_size_larger_than_model_positions(capsys, tmp_path):
     err = train_fails(capsys, "--block_size", "1024", "--output_dir", tmp_path / "o")
-    assert "block_size=1024 exceeds the model's max positions (512); lower block_size to <= 512" in err
+    error_naming(err, "block_size", "512", "lower block_size to <= 512")
 
 
 def test_missing_model_path(capsys, tmp_path):
     err = train_fails(capsys, "--model_name_or_path", "./models/no-such-model", "--output_dir", tmp_path / "o")
-    assert "model_name_or_path ./models/no-such-model does not exist" in err
+    error_naming(err, "model_name_or_path", "does not exist", "point it at a model folder")
 
 
 def test_tokenizer_larger_than_model_vocab(capsys, tmp_path):
@@ -65,7 +64,7 @@ def test_tokenizer_larger_than_model_vocab(capsys, tmp_path):
     config["vocab_size"] = 512
     (model / "config.json").write_text(json.dumps(config))
     err = train_fails(capsys, "--config_name", model, "--output_dir", tmp_path / "o")
-    assert "the tokenizer has 1024 tokens but the model's vocab_size is 512" in err
+    error_naming(err, "vocab_size", "1024 tokens", "512", "tokenizer_name", "raise vocab_size")
 
 
 def test_output_dir_holding_a_run_is_refused_and_left_untouched(capsys, tmp_path):
@@ -73,19 +72,19 @@ def test_output_dir_holding_a_run_is_refused_and_left_untouched(capsys, tmp_path
     (out / "checkpoint-500").mkdir(parents=True)
     (out / "model.safetensors").write_bytes(b"weights")
     err = train_fails(capsys, "--output_dir", out)
-    assert "already holds a run: pass --resume_from_checkpoint auto" in err and "--overwrite_output_dir" in err
+    error_naming(err, "output_dir", "already holds a run", "--resume_from_checkpoint auto", "--overwrite_output_dir")
     assert (out / "model.safetensors").read_bytes() == b"weights"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-500", "model.safetensors"]
 
 
 def test_fp16_on_cpu_is_refused(capsys, tmp_path):
     err = train_fails(capsys, "--fp16", "true", "--output_dir", tmp_path / "o")
-    assert "fp16 is not supported on CPU" in err
+    error_naming(err, "fp16", "not supported on CPU", "drop --fp16", "--bf16 true")
 
 
 def test_missing_config_file(capsys):
     assert main(["no/such/args.yaml"]) == 2
-    assert "config file no/such/args.yaml not found" in capsys.readouterr().err
+    error_naming(capsys.readouterr().err, "no/such/args.yaml", "not found", "pass a YAML of training arguments")
 
 
 def test_yaml_and_overrides_merge_with_types(tmp_path):
@@ -106,11 +105,10 @@ def test_yaml_1_1_booleans_and_null_reach_the_fields_as_meant(tmp_path):
     assert values["report_to"] == "none" and values["fsdp_config"] == {"fsdp_version": 2}
 
 
-@pytest.mark.parametrize("flag, value, message", [("--max_steps", "ten", "max_steps takes a number"),
-                                                  ("--bf16", "maybe", "bf16 takes true or false")])
-def test_badly_typed_override_names_the_field(capsys, flag, value, message):
+@pytest.mark.parametrize("flag, value, fix", [("--max_steps", "ten", "a number"), ("--bf16", "maybe", "true or false")])
+def test_badly_typed_override_names_the_field(capsys, flag, value, fix):
     assert main([str(TINY_YAML), flag, value]) == 2
-    assert message in capsys.readouterr().err
+    error_naming(capsys.readouterr().err, flag.removeprefix("--"), fix, value)
 
 
 def test_out_of_memory_gets_a_planner_line_and_other_errors_do_not(capsys, tmp_path):
@@ -465,3 +463,22 @@ def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_loa
     assert "hidden_size 256 (checkpoint) vs 128 (this model); num_hidden_layers 8 (checkpoint) vs 4" in err
     assert "Resume with the model it was saved from" in err and "another output_dir" in err
     assert "Traceback" not in err
+
+
+def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
+    """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
+    all of it at once, nothing written, no process group."""
+    import torch.distributed as dist
+
+    path = tmp_path / "chat.jsonl"
+    rows = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            [{"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}],
+            [{"role": "user", "content": 3}, {"role": "assistant", "content": "y"}],
+            [{"role": "user", "content": "only a question"}]]
+    path.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    out = tmp_path / "out"
+    err = train_fails_with(capsys, TINY_YAML, "--train_file", path, "--validation_file", "null", "--output_dir", out)
+    for needle in ("line 2", "role 'bot'", "line 3", "content of type int", "line 4", "no assistant turn",
+                   "train_on_inputs"):
+        assert needle in err, err
+    assert not dist.is_initialized() and not out.exists()
