@@ -34,8 +34,10 @@ from hf_zero3.run.distributed import (
     launched_world_size,
     prepare_process_group,
     process_group_released,
+    release_engine,
 )
 from hf_zero3.run.facts import RunFacts
+from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT, parse_signals
 
 
 class UsageError(ValueError):
@@ -103,6 +105,11 @@ class TrainingArguments(transformers.TrainingArguments):
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
+    preemption_signals: str = field(
+        default=DEFAULT_SIGNALS, metadata={"help": "Comma-separated signals a scheduler sends before it kills the job "
+                                                   "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
+                                                   "a checkpoint is saved and the run exits with code "
+                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})
@@ -396,8 +403,10 @@ def _claim(output_dir: str) -> None:
     _barrier()
 
 
-def _load_model_and_tokenizer(model_args: ModelArguments):
+def _load_model_and_tokenizer(model_args: ModelArguments, resume: str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
 
     source = model_args.model_name_or_path or model_args.config_name  # checked by _model_problems
     common = {"trust_remote_code": model_args.trust_remote_code}
@@ -413,6 +422,10 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
         except ValueError as e:  # a key the config does not have, a value of the wrong type
             raise UsageError(f"config_overrides {model_args.config_overrides!r}: {e}. Use key=value pairs, comma "
                              f"separated, with keys of {source}'s config.json") from e
+    if resume and (differences := ckpt.shape_difference(resume, config)):
+        raise UsageError(f"{resume} holds a model of another shape than this run's: {'; '.join(differences)}. Resume "
+                         "with the model it was saved from (the model_name_or_path or config_name and config_overrides "
+                         f"of that run: its config is {resume}/config.json), or train this model in another output_dir")
     if len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}: use the model's own tokenizer (tokenizer_name) or raise vocab_size "
@@ -556,6 +569,14 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     elif layers is not None and int(layers) < 1:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
+    steps, epochs = (training_values(values)[k] for k in ("max_steps", "num_train_epochs"))
+    if steps <= 0 and epochs <= 0:
+        problems.append(f"nothing to train: max_steps is {steps} and num_train_epochs is {epochs}; set max_steps to "
+                        "the optimizer steps to train (or num_train_epochs > 0, with max_steps -1)")
+    try:
+        parse_signals(values.get("preemption_signals", DEFAULT_SIGNALS))
+    except ValueError as e:
+        problems.append(str(e))
     problems += _ds_config_problems(values, device)
     problems += lora.problems(values)
     if problems:
@@ -717,6 +738,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         install_callbacks,
     )
     from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapter_on_all_ranks
+    from hf_zero3.callbacks.preemption import PreemptionCallback
     from hf_zero3.checkpoint.lifecycle import (
         CheckpointError,
         newest_complete,
@@ -728,13 +750,14 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
+    preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
     resume = _start_point(training_args)
     if resume == FINISHED:
         return {}
     _claim(training_args.output_dir)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
-    model, tokenizer = _load_model_and_tokenizer(model_args)
+    model, tokenizer = _load_model_and_tokenizer(model_args, resume)
     if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
         try:
             model = lora.apply(model, lora.parse(model_args.peft), training_args)
@@ -752,8 +775,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
-        callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
-                                        tokens_per_sample=prepared.tokens_per_row, lora=model_args.peft is not None),
+        callbacks = [preemption, *default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
+                                                    tokens_per_sample=prepared.tokens_per_row,
+                                                    lora=model_args.peft is not None),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
@@ -779,6 +803,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
         _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
         raise
+    if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
+        stopped = preemption.outcome(training_args.output_dir)
+        release_engine(trainer)
+        raise stopped
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
@@ -821,6 +849,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
 
@@ -838,11 +867,16 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
+    from hf_zero3.callbacks.preemption import Preempted, release_all
     from hf_zero3.checkpoint.lifecycle import CheckpointError
 
     try:
-        with process_group_released(UsageError, DataError, LaunchError):
+        with process_group_released(UsageError, DataError, LaunchError, Preempted):
             run(argv, extra_callbacks)
+    except Preempted as e:
+        if is_world_process_zero():
+            print(f"hf_zero3: {e}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
@@ -853,6 +887,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        release_all()
     return 0
 
 

@@ -85,3 +85,23 @@ def test_unreachable_dataset_name_is_a_clean_error(tmp_path):
     assert "HF_HUB_OFFLINE=1" in proc.stderr and "train_file" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not out.exists()
+
+
+def test_a_finished_zero3_run_leaves_no_engine_and_no_process_group_thread_behind(tmp_path, single_rank_env):
+    """The cause of the post-run aborts (exit 134, 250 under the launcher): DeepSpeed kept the ZeRO-3 engine, the
+    model and the process groups alive after the run (a class-level lru_cache, a module-level module stack, hooks),
+    so gloo's and the TCPStore's threads outlived `destroy_process_group` and were torn down in the interpreter's
+    exit. A real ZeRO-3 run (one rank, in this process): once `main` returns, all of it is gone."""
+    import gc
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from hf_zero3.run.train import main
+    from tests.unit.test_train_errors import _process_group_threads
+
+    before = _process_group_threads()
+    assert main([str(TINY_YAML), "--max_steps", "1", "--save_steps", "1", "--validation_file", "null",
+                 "--output_dir", str(tmp_path / "o")]) == 0
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, DeepSpeedEngine)]
+    assert not _process_group_threads() - before
