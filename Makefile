@@ -15,8 +15,9 @@ BENCH_OUT ?=
 ARGS ?=
 # What `make sync` copies: the files git tracks or would track (`git ls-files --cached --others --exclude-standard`:
 # not outputs, environments or caches), less .deepspeed_env (may hold HF_TOKEN; only the launching node reads it),
-# and .git (the doctor compares `git ls-files` content hashes across nodes). It deletes nothing outside .git on the
-# hosts: a node's own files in the checkout (its checkpoint shards on a node-local disk, say) stay.
+# and .git (the doctor compares `git ls-files` content hashes across nodes; in a `git worktree`, .git is a file
+# naming the repository's git folder, which goes too, to its same path). It deletes nothing outside the git folder
+# on the hosts: a node's own files in the checkout (its checkpoint shards on a node-local disk, say) stay.
 SYNC_SKIP := .deepspeed_env
 
 .DEFAULT_GOAL := help
@@ -79,7 +80,11 @@ sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsy
 	  echo "sync $(CURDIR)/ -> $$host:$(CURDIR)/"; \
 	  git ls-files -z --cached --others --exclude-standard | grep -zvxF '$(SYNC_SKIP)' | \
 	    rsync -az --from0 --files-from=- --ignore-missing-args -e "$$rsh" ./ "$$host:$(CURDIR)/" || exit 1; \
-	  rsync -az --delete -e "$$rsh" .git/ "$$host:$(CURDIR)/.git/" || exit 1; \
+	  if [ -d .git ]; then rsync -az --delete -e "$$rsh" .git/ "$$host:$(CURDIR)/.git/" || exit 1; \
+	  else common=$$(cd "$$(git rev-parse --git-common-dir)" && pwd); \
+	    rsync -az -e "$$rsh" .git "$$host:$(CURDIR)/.git" || exit 1; \
+	    rsync -az --mkpath --delete -e "$$rsh" "$$common/" "$$host:$$common/" || exit 1; \
+	  fi; \
 	done
 	source $(BIN)/activate && hf-zero3 doctor --hostfile "$(HOSTFILE)" --skip versions --skip native --skip gpus \
 	  --skip ops --skip nvme --skip allreduce $${SSH_PORT:+--ssh-port $$SSH_PORT}

@@ -315,6 +315,23 @@ def verify_adapter(folder: str | os.PathLike, expected: dict[str, tuple[tuple[in
     return problems
 
 
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts",
+              "num_local_experts", "tie_word_embeddings")
+"""The config.json keys that fix a model's parameter shapes (and with them a checkpoint's)."""
+
+
+def shape_difference(checkpoint: str | os.PathLike, config) -> list[str]:
+    """How the model a checkpoint was saved from (its config.json) differs in shape from `config` (a transformers
+    config): `key saved (checkpoint) vs new (this model)` per key of SHAPE_KEYS; empty when they agree or the
+    checkpoint has no config.json."""
+    saved = _read_json(Path(checkpoint) / "config.json")
+    if saved is None:
+        return []
+    return [f"{key} {saved[key]} (checkpoint) vs {getattr(config, key, None)} (this model)"
+            for key in SHAPE_KEYS if key in saved and saved[key] != getattr(config, key, None)]
+
+
 def verify_weights(checkpoint: str | os.PathLike, shapes_from: str | os.PathLike | None = None) -> list[str]:
     """Problems with the gathered 16-bit weights: every trained parameter present, right shape, not empty.
 

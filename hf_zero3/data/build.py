@@ -332,7 +332,7 @@ def data_problems(values: dict, load_tokenizer) -> tuple[list[str], set[str]]:
         what = _what(data_args, i)
         if source.path and (problem := file_problem(source.path, what)):
             problems.append(problem)
-        elif source.name and (problem := dataset_problem(source.name, source.config)):
+        elif source.name and (problem := dataset_problem(source.name, source.config, what)):
             problems.append(problem)
     if data_args.validation_file and (problem := file_problem(data_args.validation_file, "validation_file")):
         problems.append(problem)

@@ -36,21 +36,21 @@ def file_problem(path: str, what: str) -> str | None:
     return None
 
 
-def _not_loaded(name: str, error: Exception) -> str:
-    return (f"dataset {name!r} could not be loaded: {error}. Without network access (or with HF_HUB_OFFLINE=1) "
+def _not_loaded(name: str, error: Exception, what: str = "dataset") -> str:
+    return (f"{what} {name!r} could not be loaded: {error}. Without network access (or with HF_HUB_OFFLINE=1) "
             "only datasets already in the HF cache load: run once where the Hub is reachable to fill the cache "
-            "(HF_HOME), or use a local file instead.")
+            "(HF_HOME), or train on a local file instead (train_file, or a path: entry in datasets).")
 
 
-def dataset_problem(name: str, config: str | None) -> str | None:
+def dataset_problem(name: str, config: str | None, what: str = "dataset_name") -> str | None:
     """What stops a hub dataset from loading (None: nothing), found before anything starts: offline, not in the
     cache, no such dataset or config. Only its metadata is fetched here."""
     try:
         datasets.load_dataset_builder(name, config)
     except OSError as e:  # ConnectionError without network or with HF_HUB_OFFLINE=1; DatasetNotFoundError
-        return _not_loaded(name, e)
+        return _not_loaded(name, e, what)
     except ValueError as e:  # e.g. an unknown config name
-        return f"dataset {name!r} with config {config!r}: {e}"
+        return f"{what} {name!r} with config {config!r}: {e}"
     return None
 
 

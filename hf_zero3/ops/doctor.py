@@ -493,6 +493,8 @@ def allreduce_command(ranks: int, launcher: str, port: int, hostfile: str | None
     deepspeed = Path(sys.executable).parent / "deepspeed"
     hosts = ["--hostfile", str(hostfile)] if hostfile else ["--num_gpus", str(ranks)]
     hosts += ["--ssh_port", str(ssh_port)] if hostfile and ssh_port else []
+    # as training (hf_zero3.run.launch) passes it; else DeepSpeed asks node 0 for `hostname -I` over SSH
+    hosts += ["--master_addr", os.environ["MASTER_ADDR"]] if hostfile and os.environ.get("MASTER_ADDR") else []
     return [str(deepspeed) if deepspeed.exists() else "deepspeed", *hosts, "--master_port", str(port),
             "--module", *module]
 
@@ -521,7 +523,9 @@ def check_allreduce(ranks: int, launcher: str = "deepspeed", hostfile: str | Non
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
         return Result("FAIL", "allreduce", f"no result after {timeout} s (a rank hangs)", fix)
-    tagged = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG + " ")]
+    # pdsh puts "host: " in front of every line a node prints
+    tagged = [line[line.index(RESULT_TAG):] for line in proc.stdout.splitlines()
+              if line.startswith(RESULT_TAG + " ") or f": {RESULT_TAG} " in line]
     if proc.returncode != 0 or not tagged:
         tail = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-2:]
         return Result("FAIL", "allreduce", f"exit {proc.returncode}: " + " | ".join(tail)[-400:], fix)

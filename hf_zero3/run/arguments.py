@@ -21,6 +21,7 @@ import transformers
 import yaml
 
 from hf_zero3.data.arguments import DataArguments
+from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
 
 
 class UsageError(ValueError):
@@ -88,6 +89,11 @@ class TrainingArguments(transformers.TrainingArguments):
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})
+    preemption_signals: str = field(
+        default=DEFAULT_SIGNALS, metadata={"help": "Comma-separated signals a scheduler sends before it kills the job "
+                                                   "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
+                                                   "a checkpoint is saved and the run exits with code "
+                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})

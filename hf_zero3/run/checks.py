@@ -16,6 +16,7 @@ from hf_zero3.data.errors import DataError
 from hf_zero3.run import lora
 from hf_zero3.run.arguments import TrainingArguments, UsageError
 from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
+from hf_zero3.run.preemption import DEFAULT_SIGNALS, parse_signals
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")
@@ -133,6 +134,14 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     elif layers is not None and int(layers) < 1:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
+    steps, epochs = (training_values(values)[k] for k in ("max_steps", "num_train_epochs"))
+    if steps <= 0 and epochs <= 0:
+        problems.append(f"nothing to train: max_steps is {steps} and num_train_epochs is {epochs}; set max_steps to "
+                        "the optimizer steps to train (or num_train_epochs > 0, with max_steps -1)")
+    try:
+        parse_signals(values.get("preemption_signals", DEFAULT_SIGNALS))
+    except ValueError as e:
+        problems.append(str(e))
     problems += _ds_config_problems(values, device)
     problems += lora.problems(values)
     if problems:

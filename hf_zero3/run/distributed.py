@@ -168,20 +168,50 @@ def _tear_down_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        comm = sys.modules.get("deepspeed.comm.comm")
+        if getattr(comm, "cdb", None) is not None:  # DeepSpeed's: also drops the groups it keeps (its world clone)
+            comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
         gc.collect()  # the last references sit in cycles; the group's destructor joins its threads
+
+
+def release_engine(trainer) -> None:
+    """Destroy the Trainer's DeepSpeed engine once the run has done its last collective (Accelerate's
+    `free_memory`, which the Trainer itself calls only before a new training).
+
+    Why: ZeRO-3 hangs its gradient hooks on autograd nodes; their closures hold the optimizer and through it the
+    engine, the model and the process groups. Python's collector cannot see into autograd nodes, so that cycle is
+    never collected: the groups and their gloo threads lived on after `destroy_process_group` until the interpreter
+    exit, where destroying them aborted a finished rank now and then ("terminate called without an active
+    exception": exit 134, 250 under DeepSpeed's launcher). `engine.destroy()` removes the hooks, so the teardown's
+    collection frees the engine and the groups, and their threads are joined before the interpreter exits.
+    """
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None:
+        accelerator.free_memory()
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None:  # ZeRO-3 puts the model on this module-level stack when it sets up, and never pops it
+        offload.FWD_MODULE_STACK[:] = [m for m in offload.FWD_MODULE_STACK if m is not trainer.model]
+    coordinator = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+    if coordinator is not None:  # a class-level lru_cache keyed by (coordinator, submodule): every layer, for ever
+        method = coordinator.PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
+        for cell in [*(method.__closure__ or ()), None]:  # under DeepSpeed's instrument_w_nvtx wrapper
+            cached = method if cell is None else cell.cell_contents
+            if hasattr(cached, "cache_clear"):
+                cached.cache_clear()
 
 
 def exit_process(code: int) -> None:
     """End a training process with `code` once its work is done, skipping the C++ teardown of the interpreter.
 
-    Why: even after `process_group_released`, a rank now and then aborts at exit ("terminate called without an
-    active exception", exit -6 under the launcher: one 2-rank CPU run of recipe 20b-h200x2 in one of three full test
-    runs, after its final save): some
-    C++ object that owns a thread (a communicator DeepSpeed or accelerate still references) is destroyed unjoined
-    while Python shuts down, and the launcher then reports a finished run as failed. Everything a normal exit does
-    for Python still happens first: non-daemon threads (a Hub push, a log writer) are joined, atexit functions run
-    and standard streams are flushed; only the static destructors are skipped."""
+    Why: a finished run tears its process groups down before this (`release_engine`, `process_group_released`:
+    no gloo or TCPStore thread is left), but a rank that stops on an error that leaves them up (a non-finite run,
+    a failed save: a peer may be inside a collective, so nothing waits for it) still has their threads running,
+    and destroying those while Python shuts down can abort it ("terminate called without an active exception")
+    with -6 instead of its code. Everything a normal exit does for Python still happens first: non-daemon threads
+    (a Hub push, a log writer) are joined, atexit functions run and standard streams are flushed; only the static
+    destructors are skipped."""
     threading._shutdown()  # what Python's own exit does: wakes idle executor workers, joins non-daemon threads
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -8,8 +8,10 @@ forward only PYTHON*, MLFLOW*, MV2*, UCX* (and NCCL* on CUDA) to the other nodes
 and TORCH_* settings would silently not apply there.
 
 The command is the seed's `deepspeed --num_nodes=2 --num_gpus=4 train.py --deepspeed ds_config.json`, with the
-recipe's YAML in front of the overrides; it is printed, then exec'd. DRY_RUN=1 prints it with the resolved
-arguments, the batch math and the memory plan instead (`make plan-<size>`).
+recipe's YAML in front of the overrides; it is printed, then run as this process's child, which passes the
+preemption signals on to the ranks (`hf_zero3.run.preemption`; exec'd instead when `preemption_signals` is
+none). DRY_RUN=1 prints it with the resolved arguments, the batch math and the memory plan instead (`make
+plan-<size>`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
 from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
 from hf_zero3.plan.types import PlanError, Training
-from hf_zero3.run import lora
+from hf_zero3.run import lora, preemption
 from hf_zero3.run.distributed import LaunchError, cuda_available, free_port
 from hf_zero3.run.facts import RunFacts
 from hf_zero3.run.hostfile import HostfileError, read_hostfile, write_hostfile
@@ -125,6 +127,8 @@ class Launch:
     """Hosts and slots to write into `hostfile` first (from HOSTS)."""
     remote_nodes: bool = False
     """DeepSpeed starts the other nodes from here (pdsh/MPI/slurm), so they need `.deepspeed_env`."""
+    remote_hosts: tuple[str, ...] = ()
+    """The hostfile's hosts, where DeepSpeed's pdsh runner starts the ranks (for passing preemption signals on)."""
 
 
 def _flag(env: Mapping[str, str], name: str, problems: list[str]) -> bool:
@@ -324,7 +328,7 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
                   *model_args, *overrides]
     command += [f"--master_port={port}", _shown(recipes.ROOT / "train.py"), *train_argv]
     return Launch(command, train_argv, hosts_used, gpus, world, dry_run, hostfile if pool else None,
-                  pool if write else None, remote)
+                  pool if write else None, remote, tuple(pool) if remote and pool and launcher in ("", "pdsh") else ())
 
 
 # --- files written before the launch ----------------------------------------------------------------
@@ -533,8 +537,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     print("hf_zero3.run.launch: " + shlex.join(launch.command), flush=True)
     if launch.dry_run:
         return dry_run(launch, args.recipe, env, args.target)
-    os.execvpe(launch.command[0], launch.command, env)
-    return 0  # not reached
+    signals = preemption.signals_of_argv(launch.train_argv)
+    if not signals:
+        os.execvpe(launch.command[0], launch.command, env)
+    # DeepSpeed's launcher would not pass them on
+    return preemption.run_forwarding(launch.command, env, signals, launch.remote_hosts)
 
 
 if __name__ == "__main__":

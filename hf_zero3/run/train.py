@@ -27,6 +27,8 @@ from hf_zero3.callbacks import (
 from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapter_on_all_ranks
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
 from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
+from hf_zero3.callbacks.preemption import Preempted, PreemptionCallback, release_all
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.export import generation_ready
 from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
@@ -52,17 +54,19 @@ from hf_zero3.run.distributed import (
     is_world_process_zero,
     prepare_process_group,
     process_group_released,
+    release_engine,
 )
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
+from hf_zero3.run.preemption import PREEMPTED_EXIT
 from hf_zero3.run.start import FINISHED, claim, start_point
 
 
-def _load_model_and_tokenizer(model_args: ModelArguments):
+def _load_model_and_tokenizer(model_args: ModelArguments, resume: str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    source = model_args.model_name_or_path or model_args.config_name  # checked by model_problems
+    source = model_args.model_name_or_path or model_args.config_name  # checked by run.checks
     common = {"trust_remote_code": model_args.trust_remote_code}
     try:
         config = AutoConfig.from_pretrained(source, **common)
@@ -76,6 +80,10 @@ def _load_model_and_tokenizer(model_args: ModelArguments):
         except ValueError as e:  # a key the config does not have, a value of the wrong type
             raise UsageError(f"config_overrides {model_args.config_overrides!r}: {e}. Use key=value pairs, comma "
                              f"separated, with keys of {source}'s config.json") from e
+    if resume and (differences := ckpt.shape_difference(resume, config)):
+        raise UsageError(f"{resume} holds a model of another shape than this run's: {'; '.join(differences)}. Resume "
+                         "with the model it was saved from (the model_name_or_path or config_name and config_overrides "
+                         f"of that run: its config is {resume}/config.json), or train this model in another output_dir")
     if len(tokenizer) > config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}: use the model's own tokenizer (tokenizer_name) or raise vocab_size "
@@ -211,13 +219,14 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
+    preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
     resume = start_point(training_args)
     if resume == FINISHED:
         return {}
     claim(training_args.output_dir)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
-    model, tokenizer = _load_model_and_tokenizer(model_args)
+    model, tokenizer = _load_model_and_tokenizer(model_args, resume)
     if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
         try:
             model = lora.apply(model, lora.parse(model_args.peft), training_args)
@@ -235,8 +244,9 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
-        callbacks = [*default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
-                                        tokens_per_sample=prepared.tokens_per_row, lora=model_args.peft is not None),
+        callbacks = [preemption, *default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
+                                                    tokens_per_sample=prepared.tokens_per_row,
+                                                    lora=model_args.peft is not None),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
         raise UsageError(str(e)) from e
@@ -262,6 +272,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
         _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
         raise
+    if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
+        stopped = preemption.outcome(training_args.output_dir)
+        release_engine(trainer)
+        raise stopped
     metrics = dict(result.metrics)
     if training_args.save_final_model:
         trainer.save_model()
@@ -302,6 +316,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
 
@@ -319,8 +334,12 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         HfArgumentParser((ModelArguments, DataArguments, TrainingArguments)).print_help()
         return 0
     try:
-        with process_group_released(UsageError, DataError, LaunchError):
+        with process_group_released(UsageError, DataError, LaunchError, Preempted):
             run(argv, extra_callbacks)
+    except Preempted as e:
+        if is_world_process_zero():
+            print(f"hf_zero3: {e}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
     except (UsageError, DataError, LaunchError) as e:
         if is_world_process_zero():
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
@@ -331,6 +350,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        release_all()
     return 0
 
 

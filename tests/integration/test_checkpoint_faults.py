@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +22,8 @@ import pytest
 import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from tests.conftest import CHECKPOINT_RUN, ROOT, Launch, explain, losses_by_step, run, weights
+from hf_zero3.run.preemption import PREEMPTED_EXIT
+from tests.conftest import CHECKPOINT_RUN, ROOT, Launch, explain, logged_steps, losses_by_step, run, weights
 
 pytestmark = pytest.mark.integration
 
@@ -207,3 +210,28 @@ def test_the_same_command_after_kills_at_any_moment_converges_to_one_finished_ru
     assert losses_by_step(out) == losses_by_step(uninterrupted), (seed, history)
     final, expected = weights(out), weights(uninterrupted)
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_preemption_signal_saves_the_step_in_flight_and_the_same_command_continues(uninterrupted, tmp_path):
+    """SIGUSR1 to the launcher (`hf-zero3 launch`; DeepSpeed's own launcher would die of it and leave the ranks
+    running), then SIGTERM to rank 1 alone: each time both ranks stop after the same step, that step's checkpoint is
+    complete, nothing is marked finished and the exit code is 75; the same command then finishes the run, with the
+    losses of the uninterrupted one. No periodic saves: every checkpoint here is a preemption's."""
+    out = tmp_path / "run"
+    command = [*CHECKPOINT_RUN, "--save_steps", "100", *KEEP_ALL, "--resume_from_checkpoint", "auto"]
+    stops = []
+    for i, (who, sig) in enumerate([("launcher", signal.SIGUSR1), ("rank 1", signal.SIGTERM)]):
+        attempt = Launch(out, *command, log=tmp_path / f"{i}.log")
+        start = max(stops, default=0)
+        attempt.wait_for(lambda start=start: max(logged_steps(out), default=0) > start, poll=0.01)
+        os.kill(attempt.proc.pid if who == "launcher" else attempt.rank_pid(1), sig)
+        assert attempt.wait(timeout=120) == PREEMPTED_EXIT, attempt.text()
+        complete = [ckpt.checkpoint_step(p) for p in ckpt.complete_checkpoints(out)]
+        assert len(complete) == i + 1 and complete[-1] > start, (who, complete, attempt.text())
+        stops.append(complete[-1])
+        assert f"{sig.name} received: stopping after step {stops[-1]}" in attempt.text(), attempt.text()
+        assert f"checkpoint-{stops[-1]} is complete" in attempt.text() and "Traceback" not in attempt.text()
+        assert ckpt.read_finished(out) is None and not (out / "model.safetensors").exists()
+    finishing = train(out, *command)
+    assert finishing.returncode == 0, explain(finishing)
+    assert losses_by_step(out) == losses_by_step(uninterrupted), stops

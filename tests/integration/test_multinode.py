@@ -1,22 +1,34 @@
-"""Several nodes without a cluster: two "nodes" on this machine, DeepSpeed's pdsh runner reading our
-`.deepspeed_env`, the SLURM script's per-node launches, and `make sync`.
+"""Several nodes without a cluster: two "nodes" on this machine, each its own loopback address (127.X.Y.2 and .3)
+with its own real sshd, reached by DeepSpeed's own pdsh runner with keys this module makes; the same run
+without SSH (`NO_SSH`, as the SLURM script starts it), and the SLURM script's per-node launches.
 
-pdsh, ssh to other hosts, rsync, srun and scontrol do not exist here; where a test needs one, a small stand-in
-on PATH records what it was asked and (ssh, srun) runs it on this machine. Everything else is the real code:
-our launcher, DeepSpeed's runner, the trainer.
+srun and scontrol do not exist here: the SLURM test puts a small stand-in for each on PATH that records what it
+was asked and runs it on this machine; so does the test of what `make sync` sends. Everything else is real:
+sshd, ssh, pdsh, rsync, our launcher, DeepSpeed's runner, the trainer. The nodes' ssh client settings go where a
+cluster keeps them (an ssh_config: DeepSpeed's own reachability check reads no other), as a drop-in in
+/etc/ssh/ssh_config.d for these two addresses only, removed at the end: so the real-node tests need root.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
+import signal
+import socket
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
+from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
-from tests.conftest import ROOT, VENV, explain, losses, make, run, subprocess_env
+from hf_zero3.run.preemption import PREEMPTED_EXIT
+from tests.conftest import ROOT, VENV, explain, losses, run, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +43,50 @@ def stand_in(folder: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def test_two_nodes_without_ssh_train_like_one_node_with_two_ranks(tmp_path):
-    """`deepspeed --no_ssh --num_nodes 2 --node_rank 0|1 --master_addr 127.0.0.1`, one rank each, through
-    recipes/tiny/launch.sh: the same losses as 2 ranks on one node (fp32, same seed, one thread per rank)."""
-    one = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", tmp_path / "one", *COMMON],
-              NUM_GPUS="2", OMP_NUM_THREADS="1")  # first: it also builds the dataset cache the nodes share
+def checkout_copy(tmp_path: Path, worktree: bool = False) -> Path:
+    """This checkout as a git repository of its own under tmp_path (with `worktree`: a `git worktree` of one, whose
+    .git is a file), holding this checkout's files as they are. `make sync` there copies it onto itself on these
+    nodes (the same machine): nothing of this checkout's own git data is touched."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", "--local", str(ROOT), str(repo)], check=True)
+    target = repo
+    if worktree:
+        target = tmp_path / "worktree"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(target)], check=True)
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout
+    for name in filter(None, map(os.fsdecode, listed.split(b"\0"))):
+        if (ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
+def make_in(folder: Path, target: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`make` as tests.conftest.make does it, in `folder`."""
+    return subprocess.run(["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", f"VENV={VENV}", target,
+                           *args], cwd=folder, env=subprocess_env(**env), capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory) -> Path:
+    """The reference: 2 ranks on one node (fp32, same seed, one thread per rank); it also builds the dataset cache
+    the nodes share."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    one = run([ROOT / "recipes/tiny/launch.sh", "--output_dir", out, *COMMON], NUM_GPUS="2", OMP_NUM_THREADS="1")
     assert one.returncode == 0, explain(one)
+    return out
+
+
+def assert_same_losses_as(reference: Path, out: Path) -> None:
+    expected, got = losses(reference), losses(out)
+    assert len(expected) == len(got) == 4 and expected[-1] < expected[0]
+    assert max(abs(a - b) for a, b in zip(expected, got, strict=True)) < 1e-5, list(zip(expected, got, strict=True))
+
+
+def test_two_nodes_without_ssh_train_like_one_node_with_two_ranks(one_node, tmp_path):
+    """`deepspeed --no_ssh --num_nodes 2 --node_rank 0|1 --master_addr 127.0.0.1`, one rank each, through
+    recipes/tiny/launch.sh: the same losses as 2 ranks on one node."""
 
     env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTS="node0,node1", HOSTFILE=str(tmp_path / "hostfile"),
                          NO_SSH="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
@@ -53,34 +103,7 @@ def test_two_nodes_without_ssh_train_like_one_node_with_two_ranks(tmp_path):
     ranks = {json.loads(line)["rank"] for line in (tmp_path / "two" / "memory.jsonl").read_text().splitlines()}
     assert ranks == {0, 1}  # global rank 1 ran on "node" 1
 
-    reference, two_nodes = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert len(reference) == len(two_nodes) == 4 and reference[-1] < reference[0]
-    assert max(abs(a - b) for a, b in zip(reference, two_nodes)) < 1e-5, list(zip(reference, two_nodes))
-
-
-def test_deepspeeds_pdsh_runner_exports_our_deepspeed_env_to_every_node(tmp_path):
-    """DeepSpeed's own runner reads the `.deepspeed_env` we write (DS_ENV_FILE points it here) and puts every
-    HF_*/TRANSFORMERS_*/NCCL_* variable into the command pdsh runs on each node; by itself it forwards none of
-    them on this machine."""
-    bin_dir, env_file = tmp_path / "bin", tmp_path / "ds_env"
-    stand_in(bin_dir, "pdsh", "exit 0")  # would run the command on node0 and node1
-    stand_in(bin_dir, "ssh", "exit 0")  # DeepSpeed's reachability check of the first host
-    proc = run([ROOT / "recipes/tiny/launch.sh", "--max_steps", "1"], NUM_GPUS="1", HOSTS="node0,node1",
-               HOSTFILE=str(tmp_path / "hostfile"), MASTER_ADDR="10.0.0.1", DS_ENV_FILE=str(env_file),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HF_TOKEN="hf_abc", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_VERBOSITY="error", NCCL_SOCKET_IFNAME="^lo,docker0", MY_OWN="not forwarded")
-    assert proc.returncode == 0, explain(proc)
-    assert f"wrote {env_file} for the other nodes:" in proc.stdout
-    args = (bin_dir / "pdsh.log").read_text().split("\n---\n")[0].split("\n")
-    assert args[:5] == ["-S", "-f", "1024", "-w", "node0,node1"]
-    exports = args[5]  # "export K=V; ..." run on every node before DeepSpeed's per-node launcher
-    for export in ("export HF_TOKEN=hf_abc;", "export HF_HUB_OFFLINE=1;", "export TRANSFORMERS_VERBOSITY=error;",
-                   'export NCCL_SOCKET_IFNAME="^lo,docker0";'):
-        assert export in exports, exports
-    assert "MY_OWN" not in exports
-    assert args[6] == f"cd {ROOT};" and "--master_addr=10.0.0.1" in args
-    assert args[-6:] == ["train.py", "recipes/tiny/train_args.yaml", "--deepspeed", "recipes/tiny/ds_config.json",
-                         "--max_steps", "1"]
+    assert_same_losses_as(one_node, tmp_path / "two")
 
 
 def test_slurm_script_starts_one_no_ssh_launch_per_node(tmp_path):
@@ -106,20 +129,23 @@ def test_slurm_script_starts_one_no_ssh_launch_per_node(tmp_path):
     assert srun[:2] == ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]  # one launcher per node; one failure ends all
 
 
-def test_make_sync_copies_the_checkout_to_every_host_then_the_doctor_compares_the_code(tmp_path):
-    """rsync per host to the same path: the files git tracks or would track (no outputs/.venv/caches, no
-    .deepspeed_env), deleting nothing there, then .git; then the doctor's SSH fingerprint of each host (ssh here
-    runs the command on this machine, which holds the same checkout)."""
+def test_make_sync_sends_what_git_tracks_and_deletes_nothing_else(tmp_path):
+    """What `make sync` asks rsync for, per host, the same path: the files git tracks or would track (no
+    outputs/.venv/caches, no .deepspeed_env), deleting nothing there, then .git; then the doctor's SSH fingerprint
+    of each host. rsync and ssh are stand-ins here (a sync onto itself would show nothing); the real ones are
+    below, on real nodes."""
     bin_dir, hosts = tmp_path / "bin", tmp_path / "hosts"
     hosts.write_text("# the cluster\nnode1 slots=4\n\nnode2 slots=4  # second\n")
     stand_in(bin_dir, "rsync", f'if printf "%s\\n" "$@" | grep -qx -- --files-from=-; then tr "\\0" "\\n" > '
                                f'"{bin_dir}/files.$(printf "%s\\n" "$@" | tail -1 | cut -d: -f1)"; fi; exit 0')
     stand_in(bin_dir, "ssh", 'while [[ "$1" == -o ]]; do shift 2; done; shift; exec bash -c "$*"')
     stand_in(bin_dir, "pdsh", "exit 0")  # the doctor checks the launcher's backend is installed
-    proc = make("sync", f"HOSTFILE={hosts}", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    checkout = checkout_copy(tmp_path)
+    proc = make_in(checkout, "sync", f"HOSTFILE={hosts}", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert proc.returncode == 0, explain(proc)
     calls = [c.strip("\n").split("\n") for c in (bin_dir / "rsync.log").read_text().split("---") if c.strip()]
-    assert [c[-1] for c in calls] == [f"{host}:{ROOT}/{where}" for host in ("node1", "node2") for where in ("", ".git/")]
+    assert [c[-1] for c in calls] == [f"{host}:{checkout}/{where}" for host in ("node1", "node2")
+                                      for where in ("", ".git/")]
     for files, git in zip(calls[::2], calls[1::2]):
         assert "--files-from=-" in files and "--delete" not in files  # a host's own files in the checkout stay
         assert git[:2] == ["-az", "--delete"] and git[-2] == ".git/"  # the doctor hashes `git ls-files` on each host
@@ -130,3 +156,182 @@ def test_make_sync_copies_the_checkout_to_every_host_then_the_doctor_compares_th
         assert ".deepspeed_env" not in sent
     for host in ("node1", "node2"):
         assert f"OK    code:{host}" in proc.stdout and f"OK    versions:{host}" in proc.stdout, proc.stdout
+
+
+# --- two nodes with real sshd ----------------------------------------------------------------------------------
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+NODE_TOOLS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "pdsh": "pdsh", "rsync": "rsync"}
+SSH_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
+needs_nodes = pytest.mark.skipif(
+    os.geteuid() != 0 or not SSH_CONFIG_DIR.is_dir() or not all(shutil.which(t) for t in NODE_TOOLS.values()),
+    reason="real nodes need root and openssh-server, openssh-client, pdsh, rsync (.ci/run installs them)")
+
+
+@dataclass
+class Nodes:
+    hosts: list[str]  # one loopback address per node
+    hostfile: Path  # DeepSpeed's `host slots=1` lines
+    logs: list[Path]  # each node's sshd log
+
+    def accepted_logins(self, node: int) -> int:
+        return self.logs[node].read_text().count("Accepted publickey for")
+
+
+def _same_free_port(addresses: list[str]) -> int:
+    """A TCP port free on every one of `addresses`, so that one --ssh_port (or ssh_config Port) serves all nodes."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind((addresses[0], 0))
+            port = first.getsockname()[1]
+            try:
+                for address in addresses[1:]:
+                    with socket.socket() as other:
+                        other.bind((address, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no port free on all of {addresses}")
+
+
+def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert process.poll() is None, f"sshd on {address} exited {process.returncode}:\n{log.read_text()}"
+        with socket.socket() as sock:
+            if sock.connect_ex((address, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"sshd on {address}:{port} did not listen within {timeout} s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    """Two nodes, 127.X.Y.2 and 127.X.Y.3 (X, Y random: test sessions running at once do not meet), each with its
+    own sshd (own host key, public-key login only, this module's client key authorized), known to ssh through a
+    drop-in ssh_config for exactly these two addresses."""
+    root = tmp_path_factory.mktemp("nodes")
+    prefix = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+    hosts = [f"{prefix}.2", f"{prefix}.3"]
+    port = _same_free_port(hosts)
+    keygen = lambda path: subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],  # noqa: E731
+                                         check=True, capture_output=True)
+    keygen(root / "id_ed25519")
+    (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    daemons, logs, known = [], [], []
+    drop_in = SSH_CONFIG_DIR / f"hf-zero3-test-{prefix}.conf"
+    try:
+        for i, host in enumerate(hosts):
+            node = root / f"node{i}"
+            node.mkdir()
+            keygen(node / "host_key")
+            (node / "sshd_config").write_text(
+                f"ListenAddress {host}:{port}\nHostKey {node / 'host_key'}\nPidFile {node / 'sshd.pid'}\n"
+                f"AuthorizedKeysFile {root / 'authorized_keys'}\nPubkeyAuthentication yes\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nMaxStartups 64\nMaxSessions 64\n")
+            logs.append(node / "sshd.log")
+            daemons.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(node / "sshd_config")],
+                                            stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+            known.append(f"[{host}]:{port} {(node / 'host_key.pub').read_text().split(' ')[0]} "
+                         f"{(node / 'host_key.pub').read_text().split(' ')[1]}")
+        (root / "known_hosts").write_text("\n".join(known) + "\n")
+        drop_in.write_text(f"Host {' '.join(hosts)}\n  Port {port}\n  IdentityFile {root / 'id_ed25519'}\n"
+                           f"  IdentitiesOnly yes\n  UserKnownHostsFile {root / 'known_hosts'}\n"
+                           "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
+                           "  LogLevel ERROR\n")
+        for host, daemon, log in zip(hosts, daemons, logs, strict=True):
+            _wait_for_port(host, port, daemon, log)
+        hostfile = root / "hostfile"
+        hostfile.write_text("".join(f"{host} slots=1\n" for host in hosts))
+        yield Nodes(hosts, hostfile, logs)
+    finally:
+        drop_in.unlink(missing_ok=True)
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+
+
+@needs_nodes
+def test_doctor_reaches_both_nodes_over_ssh_and_all_reduces_across_them(nodes):
+    """`hf-zero3 doctor --hostfile`: SSH, the same code and versions on each node, then an all-reduce over gloo
+    whose two ranks DeepSpeed's pdsh runner starts one per node."""
+    proc = run(["hf-zero3", "doctor", "--hostfile", nodes.hostfile, "--skip", "native", "--skip", "gpus",
+                "--skip", "ops", "--skip", "nvme"], timeout=300, MASTER_ADDR=nodes.hosts[0])
+    assert proc.returncode == 0, explain(proc)
+    for host in nodes.hosts:
+        for check in ("ssh", "code", "versions"):
+            assert f"OK    {check}:{host}" in proc.stdout, explain(proc)
+    allreduce = [line for line in proc.stdout.splitlines() if " allreduce " in f" {line} "]
+    assert allreduce and allreduce[0].startswith("OK") and "2 ranks" in allreduce[0], explain(proc)
+    assert all(nodes.accepted_logins(i) >= 2 for i in (0, 1))  # the checks and pdsh logged in to each node
+
+
+@needs_nodes
+def test_make_sync_goes_over_ssh_to_every_node_then_the_doctor_finds_the_same_code(nodes, tmp_path):
+    """From a `git worktree`, whose .git is a file: the repository's git folder goes too (a clone's .git folder is
+    the stand-in test's case above)."""
+    checkout = checkout_copy(tmp_path, worktree=True)
+    before = [nodes.accepted_logins(i) for i in (0, 1)]
+    proc = make_in(checkout, "sync", f"HOSTFILE={nodes.hostfile}")
+    assert proc.returncode == 0, explain(proc)
+    for host in nodes.hosts:
+        assert f"sync {checkout}/ -> {host}:{checkout}/" in proc.stdout
+        assert f"OK    code:{host}" in proc.stdout and f"OK    versions:{host}" in proc.stdout, explain(proc)
+    # three rsyncs (the checkout, its .git file, the repository's git folder) and the doctor's two calls, each its
+    # own SSH login on each node
+    assert [nodes.accepted_logins(i) - before[i] for i in (0, 1)] == [5, 5]
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (the SigCgt mask in /proc): a rank that does is listening."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@needs_nodes
+def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(one_node, nodes, tmp_path):
+    """NUM_NODES=2 through recipes/tiny/launch.sh: DeepSpeed's pdsh runner logs in to each node and starts one rank
+    there (a process under that node's sshd, with the variables `.deepspeed_env` carried and no others). SIGUSR1
+    to the launcher once both ranks listen reaches them over pdsh: they stop after the same step with a complete
+    checkpoint and exit 75, passed back by pdsh; the same command resumes, and the losses are those of 2 ranks
+    on one node."""
+    out = tmp_path / "two"
+    env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
+                         OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), HF_ZERO3_NODE_CHECK="carried",
+                         MY_OWN="not carried")
+    command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--resume_from_checkpoint",
+               "auto"]
+    launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks: dict[int, dict] = {}
+    while launcher.poll() is None and not (len(ranks) == 2 and all(r["listens"] for r in ranks.values())):
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
+                try:
+                    node = int(process.environ()["CROSS_RANK"])  # DeepSpeed's node rank, set per node
+                    ranks[node] = {"env": process.environ(), "parents": {p.pid: p.name() for p in process.parents()},
+                                   "listens": _catches(process.pid, signal.SIGUSR1)}
+                except (psutil.Error, KeyError, OSError):
+                    pass
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGUSR1)
+    text = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == PREEMPTED_EXIT, text[-4000:]
+    assert f"--hostfile={nodes.hostfile} --num_nodes=2 --num_gpus=1 --master_addr={nodes.hosts[0]}" in text
+    assert "hf_zero3: ZeRO stage 3 | world size 2 |" in text
+    assert sorted(ranks) == [0, 1], text[-4000:]
+    for rank in ranks.values():  # started over SSH: under sshd, not under this launcher
+        assert "sshd" in rank["parents"].values() and launcher.pid not in rank["parents"], rank["parents"]
+        assert rank["env"].get("HF_ZERO3_NODE_CHECK") == "carried" and "MY_OWN" not in rank["env"]
+    complete = ckpt.complete_checkpoints(out)
+    assert len(complete) == 1 and "SIGUSR1 received: stopping after step" in text, text[-4000:]
+    assert all(nodes.accepted_logins(i) >= 2 for i in (0, 1))  # the launch and the signal
+    resumed = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, explain(resumed)
+    assert_same_losses_as(one_node, out)

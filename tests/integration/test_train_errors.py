@@ -64,11 +64,14 @@ def test_missing_train_file_under_torchrun_exits_2_with_rank_0s_message(tmp_path
 def test_an_error_after_zero3_started_exits_2_on_every_rank(tmp_path):
     """The process group, DeepSpeed and a ZeRO-3 partitioned model exist when the data error comes: each rank
     still exits 2 (it used to abort at exit with 134, "terminate called without an active exception")."""
-    results = run_ranks([TINY_YAML, "--text_column", "nope", "--output_dir", tmp_path / "out"], tmp_path)
+    short = tmp_path / "short.txt"
+    short.write_text("Too short for one block.\n")  # found only once tokenized, after the process group started
+    results = run_ranks([TINY_YAML, "--train_file", short, "--validation_file", "null", "--output_dir",
+                         tmp_path / "out"], tmp_path)
     for rank, (code, log) in enumerate(results):
         assert code == 2, f"rank {rank}: exit {code}\n{log[-4000:]}"
         assert "Traceback" not in log and "terminate called" not in log, log[-4000:]
-    message = "error: text_column 'nope' not found in the train data; its columns are ['text']. Set text_column"
+    message = "fewer than one block (block_size=128)"
     assert [message in log for _, log in results] == [True, False]  # rank 0 prints
 
 
@@ -79,6 +82,26 @@ def test_unreachable_dataset_name_is_a_clean_error(tmp_path):
                 "--output_dir", out], HF_HUB_OFFLINE="1")
     assert proc.returncode == 2, explain(proc)
     assert "error: dataset_name 'hf-zero3-tests/no-such-dataset' could not be loaded" in proc.stderr
-    assert "HF_HUB_OFFLINE=1" in proc.stderr and "pass train_file with a local file instead" in proc.stderr
+    assert "HF_HUB_OFFLINE=1" in proc.stderr and "train_file" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not out.exists()
+
+
+def test_a_finished_zero3_run_leaves_no_engine_and_no_process_group_thread_behind(tmp_path, single_rank_env):
+    """The cause of the post-run aborts (exit 134, 250 under the launcher): DeepSpeed kept the ZeRO-3 engine, the
+    model and the process groups alive after the run (a class-level lru_cache, a module-level module stack, hooks),
+    so gloo's and the TCPStore's threads outlived `destroy_process_group` and were torn down in the interpreter's
+    exit. A real ZeRO-3 run (one rank, in this process): once `main` returns, all of it is gone."""
+    import gc
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from hf_zero3.run.train import main
+    from tests.unit.test_train_errors import _process_group_threads
+
+    before = _process_group_threads()
+    assert main([str(TINY_YAML), "--max_steps", "1", "--save_steps", "1", "--validation_file", "null",
+                 "--output_dir", str(tmp_path / "o")]) == 0
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, DeepSpeedEngine)]
+    assert not _process_group_threads() - before

@@ -417,6 +417,55 @@ def test_an_unknown_attention_kernel_is_a_usage_error(capsys, tmp_path):
     assert err.startswith("error: could not build the model of") and "eagr" in err
 
 
+def test_nothing_to_train_is_refused_before_anything_starts(capsys, tmp_path):
+    out = tmp_path / "o"
+    assert main([str(TINY_YAML), "--deepspeed", "null", "--max_steps", "0", "--num_train_epochs", "0",
+                 "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to train: max_steps is 0 and num_train_epochs is 0" in err and "set max_steps" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value, message", [("SIGTERM,SIGUSR9", "'SIGUSR9' is not a signal name"),
+                                            ("KILL", "SIGKILL cannot be caught")])
+def test_a_preemption_signal_that_cannot_work_is_a_usage_error(capsys, tmp_path, value, message):
+    err = train_fails(capsys, "--preemption_signals", value, "--output_dir", tmp_path / "o")
+    assert f"preemption_signals: {message}" in err and "SIGTERM,SIGUSR1" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_preemption_signal_names_and_the_launchers_view_of_them(tmp_path):
+    import signal
+
+    from hf_zero3.run.preemption import parse_signals, signals_of_argv
+
+    assert parse_signals("SIGTERM, usr1,SIGTERM") == [signal.SIGTERM, signal.SIGUSR1]
+    assert parse_signals("none") == parse_signals("") == []
+    config = tmp_path / "args.yaml"
+    config.write_text("preemption_signals: SIGUSR2\n")
+    assert signals_of_argv([str(config)]) == [signal.SIGUSR2]
+    assert signals_of_argv([str(config), "--preemption_signals", "none"]) == []
+    assert signals_of_argv([str(TINY_YAML), "--preemption_signals=SIGHUP"]) == [signal.SIGHUP]
+    assert signals_of_argv([str(TINY_YAML)]) == [signal.SIGTERM, signal.SIGUSR1]  # the default
+
+
+def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_load(capsys, tmp_path):
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from tests.conftest import make_checkpoint
+
+    out = tmp_path / "run"
+    ckpt.claim_output_dir(out)
+    folder = make_checkpoint(out, 2, world_size=1, marked=False)
+    saved = json.loads((ROOT / "assets/tiny/model/config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, "hidden_size": 256, "num_hidden_layers": 8}))
+    ckpt.write_marker(folder, {"world_size": 1}, hashes=ckpt.hash_files(folder))
+    err = train_fails(capsys, "--output_dir", out, "--resume_from_checkpoint", "auto", "--max_steps", "4")
+    assert f"{folder} holds a model of another shape than this run's" in err
+    assert "hidden_size 256 (checkpoint) vs 128 (this model); num_hidden_layers 8 (checkpoint) vs 4" in err
+    assert "Resume with the model it was saved from" in err and "another output_dir" in err
+    assert "Traceback" not in err
+
+
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
     """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
     all of it at once, nothing written, no process group."""
