@@ -336,7 +336,7 @@ TRAIN_ROWS = [
         ["point it at the folder save_pretrained wrote"]),
     sub("train-offline-dataset", [*TRAIN, "--output_dir", "{N}", *SHORT, "--train_file", "null",
                                   "--dataset_name", "someorg/no-such-dataset"],
-        ["someorg/no-such-dataset", "could not be loaded"], ["pass train_file"],
+        ["someorg/no-such-dataset", "could not be loaded"], ["train_file"],
         env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}),
     sub("train-ds-config-stage-4", ["python", "-m", "hf_zero3.train", str(TINY_YAML), "--output_dir", "{N}", *SHORT,
                                     "--deepspeed", "{I}/ds_stage4.json"], ["zero_optimization.stage", "got 4"],

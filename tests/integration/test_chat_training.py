@@ -1,5 +1,5 @@
-"""Chat, prompt/completion and a mixture of both with raw text, each trained end to end under real 2-rank
-ZeRO-3 on CPU from the tiny recipe and the shipped chat files."""
+"""A chat file (packed) and a mixture of chat, prompt/completion and raw text (padded), each trained end to end
+under real 2-rank ZeRO-3 on CPU from the tiny recipe and the shipped chat files."""
 
 from __future__ import annotations
 
@@ -40,15 +40,8 @@ def test_a_chat_file_trains_packed_with_loss_on_the_responses(tmp_path):
     assert "eval_perplexity" in record
 
 
-def test_a_prompt_completion_file_trains_padded(tmp_path):
-    out = tmp_path / "instructions"
-    proc = train(out, "--train_file", CHAT / "instructions.jsonl", "--validation_file",
-                 CHAT / "instructions_validation.jsonl", "--packing", "false")
-    assert "train examples of 2000 examples" in proc.stdout
-    assert 0 < evals(out)["eval_token_accuracy"] < 1
-
-
-def test_a_mixture_of_chat_prompt_completion_and_raw_text_trains(tmp_path):
+def test_a_mixture_of_chat_prompt_completion_and_raw_text_trains_padded(tmp_path):
+    """The prompt/completion file trains here, beside chat and raw text, one example per padded row."""
     recipe = yaml.safe_load(TINY_YAML.read_text())
     recipe.pop("train_file")
     recipe["deepspeed"] = str(ROOT / "recipes/tiny/ds_config.json")
@@ -60,8 +53,8 @@ def test_a_mixture_of_chat_prompt_completion_and_raw_text_trains(tmp_path):
     path = tmp_path / "mix.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "mix"
-    proc = train(out, yaml_path=path)
+    proc = train(out, "--packing", "false", yaml_path=path)
     for line in ("train.jsonl: 600 examples (0.20 x its 3000)", "instructions.jsonl: 300 examples (0.15 x its 2000)",
-                 "validation.txt: 100 examples", "train blocks of 950 examples"):  # 5% of the 1000 held out
+                 "validation.txt: 100 examples", "950 train examples of 950 examples"):  # 5% of the 1000 held out
         assert line in proc.stdout, proc.stdout
     assert 0 < evals(out)["eval_token_accuracy"] < 1

@@ -80,7 +80,7 @@ def test_callback_pushes_exported_weights_with_a_card_at_each_save(reference, hu
     created = hub.repos["org/tiny-run"]
     assert created.get("private") is True or created.get("visibility") == "private", created
     assert set(pushes[-1]["files"]) == {"model.safetensors", "config.json", "generation_config.json",
-                                        "tokenizer.json", "tokenizer_config.json", "README.md"}
+                                        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "README.md"}
     assert pushes[-1]["lfs"] == ["model.safetensors"]  # the weights took the LFS upload, as on the Hub
     card = pushes[-1]["files"]["README.md"].decode()
     final_loss = losses_by_step(out)[STEPS]
@@ -241,7 +241,7 @@ def test_export_reloads_with_from_pretrained_and_matches_the_trained_logits(expo
     out, root = exported
     assert torch.equal(_logits(root / "fp32"), _logits(out))  # fp32 master weights == the final model, exactly
     assert sorted(p.name for p in (root / "fp32").iterdir()) == [
-        "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "README.md", "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
         "tokenizer_config.json"]
     shards = sorted((root / "bf16").glob("model-*.safetensors"))
     assert len(shards) >= 3 and (root / "bf16/model.safetensors.index.json").is_file()
