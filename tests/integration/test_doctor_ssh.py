@@ -170,7 +170,7 @@ def test_key_not_authorized_fails_with_ssh_copy_id_fix(sshd, hostfile, monkeypat
 
 def test_remote_without_git_checkout_is_a_code_difference(sshd, hostfile, monkeypatch):
     """A host whose copy lost .git (rsync without it) hashes its .py files instead: the doctor says sync."""
-    sshd.env["GIT_CEILING_DIRECTORIES"] = str(ROOT)  # git finds no repository above hf_zero3/ there
+    sshd.env["GIT_DIR"] = "/nonexistent/.git"  # git finds no repository for the checkout there
     monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", sshd.client_args())
     results = {r.name: r for r in doctor.check_hostfile(hostfile, port=sshd.port)}
     assert results[f"ssh:{HOST}"].status == "OK"
