@@ -82,8 +82,15 @@ def gather_from_ranks(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
-    """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
+def prepare_process_group(on_cpu: bool, use_deepspeed: bool, timeout_s: float | None = None) -> None:
+    """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group.
+
+    `timeout_s` (the run's `ddp_timeout`): how long a collective waits for a rank that does not answer before it
+    fails. The Trainer passes `ddp_timeout` on only to a process group it starts itself; the one started here
+    would otherwise wait DeepSpeed's default of 30 minutes for a node whose network is cut."""
+    from datetime import timedelta
+
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     if "WORLD_SIZE" not in os.environ:
         if any(name in os.environ for name in MPI_VARIABLES):
             import importlib.util
@@ -94,7 +101,7 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
             import deepspeed
 
             # MPI launchers set no RANK/WORLD_SIZE: DeepSpeed reads them from MPI and exports them.
-            deepspeed.init_distributed(dist_backend="gloo" if on_cpu else None, auto_mpi_discovery=True)
+            deepspeed.init_distributed(dist_backend="gloo" if on_cpu else None, auto_mpi_discovery=True, **timeout)
         elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
             raise LaunchError("srun started several tasks but no launcher set RANK/WORLD_SIZE: start one task per "
                                "node running the DeepSpeed launcher (scripts/slurm/train.sbatch) or torchrun")
@@ -115,7 +122,7 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     if use_deepspeed:
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend="gloo", **timeout)
         release_shm_buffer_names()
 
 

@@ -47,7 +47,7 @@ from hf_zero3.run.arguments import (
     UsageError,
     load_arguments,
 )
-from hf_zero3.run.checks import check_inputs
+from hf_zero3.run.checks import check_inputs, training_values
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -59,6 +59,7 @@ from hf_zero3.run.distributed import (
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
+from hf_zero3.run.node_loss import PEER_LOST_EXIT, peer_lost
 from hf_zero3.run.preemption import PREEMPTED_EXIT
 from hf_zero3.run.start import FINISHED, claim, start_point
 
@@ -216,7 +217,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     from hf_zero3.data.build import build_datasets
 
-    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
+    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")),
+                          timeout_s=training_values(values)["ddp_timeout"])
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
     preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
@@ -350,6 +352,14 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a collective lost a peer: one line instead of a traceback through DeepSpeed
+        if (lost := peer_lost(e)) is None:
+            raise
+        print(f"hf_zero3: rank {os.environ.get('RANK', '?')}: a collective lost {lost}: that rank's process, its node "
+              f"or the network to it stopped. Stopping (exit {PEER_LOST_EXIT}); the launcher names the node that "
+              "failed. The same command with --resume_from_checkpoint auto resumes from the newest checkpoint "
+              "complete on every node", file=sys.stderr, flush=True)
+        return PEER_LOST_EXIT
     finally:
         release_all()
     return 0

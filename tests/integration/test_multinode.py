@@ -161,37 +161,49 @@ def test_make_sync_sends_what_git_tracks_and_deletes_nothing_else(tmp_path):
 # --- two nodes with real sshd ----------------------------------------------------------------------------------
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-NODE_TOOLS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "pdsh": "pdsh", "rsync": "rsync"}
+NODE_TOOLS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "pdsh": "pdsh", "rsync": "rsync", "ip": "ip"}
 SSH_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
 needs_nodes = pytest.mark.skipif(
     os.geteuid() != 0 or not SSH_CONFIG_DIR.is_dir() or not all(shutil.which(t) for t in NODE_TOOLS.values()),
-    reason="real nodes need root and openssh-server, openssh-client, pdsh, rsync (.ci/run installs them)")
+    reason="real nodes need root and openssh-server, openssh-client, pdsh, rsync, iproute2 (.ci/run installs them)")
+NODE_NIC = "eth0"
+"""Each node's network interface, in its own namespace: the name gloo binds to (GLOO_SOCKET_IFNAME), as on a
+cluster whose host names resolve to a loopback address (Debian's 127.0.1.1; here 127.0.0.1)."""
 
 
 @dataclass
 class Nodes:
-    hosts: list[str]  # one loopback address per node
+    hosts: list[str]  # one address per node, each in its own network namespace
     hostfile: Path  # DeepSpeed's `host slots=1` lines
     logs: list[Path]  # each node's sshd log
+    links: list[str]  # each node's cable: the bridge side of its veth pair
+    local: Path  # a path each node sees as a folder of its own disk (`disks[i]`); others see the real folder
+    disks: list[Path]
+    ds_env: Path  # a .deepspeed_env (DS_ENV_FILE) that names the nodes' interface to gloo
 
     def accepted_logins(self, node: int) -> int:
         return self.logs[node].read_text().count("Accepted publickey for")
 
+    def cut(self, node: int) -> None:
+        """Pull node's cable: its link goes down; nothing is reset, packets to and from it are dropped."""
+        subprocess.run(["ip", "link", "set", self.links[node], "down"], check=True)
 
-def _same_free_port(addresses: list[str]) -> int:
-    """A TCP port free on every one of `addresses`, so that one --ssh_port (or ssh_config Port) serves all nodes."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind((addresses[0], 0))
-            port = first.getsockname()[1]
-            try:
-                for address in addresses[1:]:
-                    with socket.socket() as other:
-                        other.bind((address, port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no port free on all of {addresses}")
+    def mend(self, node: int) -> None:
+        subprocess.run(["ip", "link", "set", self.links[node], "up"], check=True)
+
+
+def _ip(*args: str, netns: str | None = None) -> None:
+    subprocess.run(["ip", *(["-n", netns] if netns else []), *args], check=True, capture_output=True, text=True)
+
+
+def _free_subnet() -> str:
+    """10.X.Y (X, Y random) with no address or route on this machine: test sessions running at once do not meet."""
+    taken = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    for _ in range(100):
+        prefix = f"10.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+        if f"{prefix}." not in taken:
+            return prefix
+    raise RuntimeError("no free 10.X.Y.0/24 subnet")
 
 
 def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path, timeout: float = 20) -> None:
@@ -199,6 +211,7 @@ def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path
     while time.time() < deadline:
         assert process.poll() is None, f"sshd on {address} exited {process.returncode}:\n{log.read_text()}"
         with socket.socket() as sock:
+            sock.settimeout(1)
             if sock.connect_ex((address, port)) == 0:
                 return
         time.sleep(0.05)
@@ -207,24 +220,43 @@ def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
-    """Two nodes, 127.X.Y.2 and 127.X.Y.3 (X, Y random: test sessions running at once do not meet), each with its
-    own sshd (own host key, public-key login only, this module's client key authorized), known to ssh through a
-    drop-in ssh_config for exactly these two addresses."""
+    """Two nodes, 10.X.Y.2 and 10.X.Y.3, each in its own network namespace, its veth cable plugged into a bridge
+    that this machine reaches at 10.X.Y.1; each with its own sshd (own host key, public-key login only, this
+    module's client key authorized) and a disk of its own at `local` (a bind mount in the sshd's mount namespace:
+    what a node's processes write there, the other node does not see). Known to ssh through a drop-in ssh_config
+    for exactly these two addresses."""
     root = tmp_path_factory.mktemp("nodes")
-    prefix = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
-    hosts = [f"{prefix}.2", f"{prefix}.3"]
-    port = _same_free_port(hosts)
+    prefix = _free_subnet()
+    tag = prefix.split(".", 1)[1].replace(".", "x")
+    hosts, bridge = [f"{prefix}.2", f"{prefix}.3"], f"hfz{tag}"
+    netns = [f"hfz-{tag}-{i}" for i in range(len(hosts))]
+    links = [f"hfz{tag}n{i}" for i in range(len(hosts))]
+    port = 22  # each node has a network namespace, and so the ports, of its own
     keygen = lambda path: subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],  # noqa: E731
                                          check=True, capture_output=True)
     keygen(root / "id_ed25519")
     (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    local, disks = root / "local", [root / f"node{i}" / "disk" for i in range(len(hosts))]
+    local.mkdir()
     daemons, logs, known = [], [], []
-    drop_in = SSH_CONFIG_DIR / f"hf-zero3-test-{prefix}.conf"
+    drop_in = SSH_CONFIG_DIR / f"hf-zero3-test-{tag}.conf"
     try:
+        try:
+            _ip("link", "add", bridge, "type", "bridge")
+        except subprocess.CalledProcessError as e:
+            pytest.skip(f"no bridge device here ({e.stderr.strip()}): real nodes need network namespaces")
+        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
         for i, host in enumerate(hosts):
             node = root / f"node{i}"
-            node.mkdir()
+            disks[i].mkdir(parents=True)
+            _ip("netns", "add", netns[i])
+            _ip("link", "add", links[i], "type", "veth", "peer", "name", NODE_NIC, "netns", netns[i])
+            _ip("link", "set", links[i], "master", bridge, "up")
+            _ip("addr", "add", f"{host}/24", "dev", NODE_NIC, netns=netns[i])
+            _ip("link", "set", NODE_NIC, "up", netns=netns[i])
+            _ip("link", "set", "lo", "up", netns=netns[i])
             keygen(node / "host_key")
             (node / "sshd_config").write_text(
                 f"ListenAddress {host}:{port}\nHostKey {node / 'host_key'}\nPidFile {node / 'sshd.pid'}\n"
@@ -232,25 +264,33 @@ def nodes(tmp_path_factory):
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                 "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nMaxStartups 64\nMaxSessions 64\n")
             logs.append(node / "sshd.log")
-            daemons.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(node / "sshd_config")],
-                                            stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
-            known.append(f"[{host}]:{port} {(node / 'host_key.pub').read_text().split(' ')[0]} "
-                         f"{(node / 'host_key.pub').read_text().split(' ')[1]}")
+            # `ip netns exec` gives the command a mount namespace of its own: the bind mount is this node's alone
+            daemons.append(subprocess.Popen(
+                ["ip", "netns", "exec", netns[i], "sh", "-c",
+                 f'mount --bind "{disks[i]}" "{local}" && exec "{SSHD}" -D -e -f "{node / "sshd_config"}"'],
+                stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+            key = (node / "host_key.pub").read_text().split(" ")
+            known.append(f"{host} {key[0]} {key[1]}")
         (root / "known_hosts").write_text("\n".join(known) + "\n")
         drop_in.write_text(f"Host {' '.join(hosts)}\n  Port {port}\n  IdentityFile {root / 'id_ed25519'}\n"
                            f"  IdentitiesOnly yes\n  UserKnownHostsFile {root / 'known_hosts'}\n"
                            "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-                           "  LogLevel ERROR\n")
+                           "  ConnectTimeout 10\n  LogLevel ERROR\n")
         for host, daemon, log in zip(hosts, daemons, logs, strict=True):
             _wait_for_port(host, port, daemon, log)
         hostfile = root / "hostfile"
         hostfile.write_text("".join(f"{host} slots=1\n" for host in hosts))
-        yield Nodes(hosts, hostfile, logs)
+        ds_env = root / "ds_env"
+        ds_env.write_text(f"GLOO_SOCKET_IFNAME={NODE_NIC}\n")
+        yield Nodes(hosts, hostfile, logs, links, local, disks, ds_env)
     finally:
         drop_in.unlink(missing_ok=True)
         for daemon in daemons:
             daemon.terminate()
             daemon.wait(timeout=10)
+        for name in netns:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)  # its eth0 and the veth pair go too
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 @needs_nodes
@@ -258,7 +298,8 @@ def test_doctor_reaches_both_nodes_over_ssh_and_all_reduces_across_them(nodes):
     """`hf-zero3 doctor --hostfile`: SSH, the same code and versions on each node, then an all-reduce over gloo
     whose two ranks DeepSpeed's pdsh runner starts one per node."""
     proc = run(["hf-zero3", "doctor", "--hostfile", nodes.hostfile, "--skip", "native", "--skip", "gpus",
-                "--skip", "ops", "--skip", "nvme"], timeout=300, MASTER_ADDR=nodes.hosts[0])
+                "--skip", "ops", "--skip", "nvme"], timeout=300, MASTER_ADDR=nodes.hosts[0],
+               DS_ENV_FILE=str(nodes.ds_env))
     assert proc.returncode == 0, explain(proc)
     for host in nodes.hosts:
         for check in ("ssh", "code", "versions"):
@@ -302,6 +343,7 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(on
     out = tmp_path / "two"
     env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
                          OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), HF_ZERO3_NODE_CHECK="carried",
+                         GLOO_SOCKET_IFNAME=NODE_NIC,
                          MY_OWN="not carried")
     command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--resume_from_checkpoint",
                "auto"]
