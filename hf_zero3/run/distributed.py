@@ -82,6 +82,14 @@ def gather_from_ranks(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
+def fail_together(problem: str | None, error: type[Exception]) -> None:
+    """Raise `error` on every rank when any rank has a problem (all ranks call it at the same point): one rank
+    raising alone would leave the others waiting in their next collective."""
+    problems = list(dict.fromkeys(r["problem"] for r in gather_from_ranks({"problem": problem}) if r["problem"]))
+    if problems:
+        raise error("\n".join(problems))
+
+
 def prepare_process_group(on_cpu: bool, use_deepspeed: bool, timeout_s: float | None = None) -> None:
     """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group.
 

@@ -225,7 +225,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     resume = start_point(training_args)
     if resume == FINISHED:
         return {}
-    claim(training_args.output_dir)
+    claim(training_args)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
