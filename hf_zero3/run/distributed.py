@@ -64,9 +64,10 @@ def launched_world_size() -> int | None:
 
 
 def local_world_size(default: int) -> int:
-    """Ranks on this node as the launcher says: torchrun sets LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE;
-    `default` when neither does (one process, or a launcher that says nothing)."""
-    text = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    """Ranks on this node as the launcher says: DeepSpeed's launcher sets LOCAL_SIZE, torchrun LOCAL_WORLD_SIZE;
+    `default` when neither does (one process, or a launcher that says nothing). LOCAL_SIZE first: on CPU, Accelerate
+    sets LOCAL_WORLD_SIZE to 1 under DeepSpeed's launcher when the TrainingArguments are made."""
+    text = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
     return int(text) if text else default
 
 

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from hf_zero3.run.arguments import UsageError
-from hf_zero3.run.distributed import fail_together, gather_from_ranks, local_world_size
+from hf_zero3.run.distributed import fail_together, gather_from_ranks
 from hf_zero3.run.facts import ds_config_of
 
 SHARED, NODE_LOCAL = "shared", "node-local"
@@ -31,8 +31,12 @@ _PROBE = ".hf_zero3_probe_"
 
 
 def several_nodes(args) -> bool:
-    """Whether the run's ranks span more than one node (the launcher says how many run on this one)."""
-    return local_world_size(args.world_size) < args.world_size
+    """Whether the run's ranks span more than one node: their nodes' first ranks (rank - local rank) differ. All
+    ranks call it. Not from LOCAL_WORLD_SIZE: on CPU, Accelerate sets it to 1 under DeepSpeed's launcher."""
+    if args.world_size <= 1:
+        return False
+    firsts = {r["first"] for r in gather_from_ranks({"first": args.process_index - args.local_process_index})}
+    return len(firsts) > 1
 
 
 def node_writer(args) -> int:
@@ -60,6 +64,7 @@ def detect(output_dir: str | Path, rank: int, local_rank: int) -> str:
     records = gather_from_ranks({"first": first, "sees": sees})
     if local_rank == 0:
         mine.unlink(missing_ok=True)
+    gather_from_ranks({})  # no rank looks at output_dir again before every probe is gone
     nodes = sorted({r["first"] for r in records})
     if all(r["sees"] == nodes for r in records):
         return SHARED
