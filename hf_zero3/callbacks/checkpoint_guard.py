@@ -95,8 +95,7 @@ class CheckpointGuardCallback(TrainerCallback):
         if not saves and not final_too:
             return
         local = local_world_size(args.world_size)
-        # rank 0's node also gets the whole-model files; with save_on_each_node every node does
-        node0 = args.process_index == args.local_process_index or args.save_on_each_node
+        node0 = args.process_index == args.local_process_index  # rank 0's node also gets the whole-model files
         on_node = lambda size: size.on_node(local, args.world_size, node0)  # noqa: E731
         first = on_node(checkpoint if saves else final)
         new = self._new_checkpoints(args, state) if saves else 0
@@ -217,8 +216,8 @@ class CheckpointGuardCallback(TrainerCallback):
         if args.save_on_each_node and args.deepspeed and args.world_size > 1:
             _latest_on_each_node(folder, args, state)
         problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
-        if args.should_save:
-            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args))
+        if args.should_save:  # the 16-bit weights: gathered on rank 0 alone, so on node 0 only (save_on_each_node)
+            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args) and state.is_world_process_zero)
         # each rank hashes the files it wrote (still in its page cache), all ranks at once
         hashes = ckpt.hash_files(folder, args.process_index, args.world_size, writer) if not problems else {}
         records = gather_from_ranks({"problems": problems, "hashes": hashes, "writer": writer})

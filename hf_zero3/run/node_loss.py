@@ -29,6 +29,9 @@ PEER_LOST_EXIT = 69
 """The exit code of a rank that stopped because a collective lost a peer (sysexits' EX_UNAVAILABLE): another
 rank's process, node or network failed, not this one."""
 
+USAGE_EXIT = 2
+"""A rank's exit on bad input (`hf_zero3.run.train`): every rank stops by itself, rank 0 saying why."""
+
 DEFAULT_NODE_TIMEOUT = 60
 """NODE_TIMEOUT: seconds of silence after which ssh gives a node up, and seconds the other nodes' ranks get to stop
 by themselves after a node failed, before the launcher stops them."""
@@ -39,8 +42,11 @@ KEEPALIVE_PROBES = 3
 _PDSH_EXIT = re.compile(r"^pdsh@[^:\s]+: (?P<node>[^:\s]+): ssh exited with exit code (?P<code>\d+)\s*$")
 _PEER_ADDRESS = re.compile(r"\[(?P<address>[^\]/\s]+)\]:\d+")
 """A peer's `[address]:port` in gloo's messages (not its `[path/pair.cc:537]`)."""
+_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
+"""The TCPStore's words for ranks that never came: `Timed out after 6 seconds waiting for clients. 1/2 clients
+joined.`"""
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
-              "Socket Timeout", "Timed out waiting", "timed out", "NCCL communicator was aborted",
+              "Socket Timeout", "Timed out", "timed out", "NCCL communicator was aborted",
               "Watchdog caught collective operation timeout")
 """How gloo, the TCPStore and NCCL report a peer that stopped answering."""
 
@@ -65,6 +71,10 @@ def peer_lost(error: BaseException) -> str | None:
     text = str(error)
     if not isinstance(error, RuntimeError) or not any(marker in text for marker in _LOST_PEER):
         return None
+    joined = _JOINED.search(text)
+    if joined:
+        return (f"the ranks that never joined: {joined.group(1)} of {joined.group(2)} reached MASTER_ADDR:MASTER_PORT "
+                "within ddp_timeout")
     address = _PEER_ADDRESS.search(text)
     if address:
         return f"the rank at {address.group('address')} ({next(m for m in _LOST_PEER if m in text).lower()})"
@@ -81,7 +91,7 @@ def explain_exit(code: int) -> str:
         return "its ranks lost a peer"
     if code == 1:
         return "a rank stopped on an error (its traceback is above)"
-    if code == 2:
+    if code == USAGE_EXIT:
         return "a rank stopped on a usage error (the message above)"
     if 129 <= code < 255:  # DeepSpeed's per-node launcher exits -N for a rank killed by signal N: 256 - N
         number = 256 - code if code > 192 else code - 128
@@ -122,17 +132,19 @@ class NodeWatch:
         self.ends.append((match.group("node"), code))
         if self.stopped:
             self.stopped_nodes.add(match.group("node"))
-        if code not in (0, PREEMPTED_EXIT) and self._first_failure_at is None:
+        # a usage error stops every rank by itself (the others wait a few seconds for rank 0's message first)
+        if code not in (0, PREEMPTED_EXIT, USAGE_EXIT) and self._first_failure_at is None:
             self._first_failure_at = self.clock()
 
     def failures(self) -> list[tuple[str, int]]:
         return [(node, code) for node, code in self.ends if code not in (0, PREEMPTED_EXIT)]
 
     def culprit(self) -> tuple[str, int] | None:
-        """The node that failed by itself: the first failure that is not a lost peer (else the first failure)."""
+        """The node that failed by itself: the first failure that is neither a lost peer nor a usage error (else the
+        first lost peer, else the first usage error)."""
         failures = self.failures()
-        own = [f for f in failures if f[1] != PEER_LOST_EXIT]
-        return (own or failures or [None])[0]
+        own = [f for f in failures if f[1] not in (PEER_LOST_EXIT, USAGE_EXIT)]
+        return (own or [f for f in failures if f[1] == PEER_LOST_EXIT] or failures or [None])[0]
 
     def stop_due(self) -> bool:
         """A node failed `grace_s` ago and the launcher has not stopped the rest yet."""
@@ -140,9 +152,10 @@ class NodeWatch:
                 and self.clock() - self._first_failure_at >= self.grace_s)
 
     def summary(self, hosts: Sequence[str]) -> str | None:
-        """The lines naming the node that failed, the others' ends, and how to go on; None when none failed."""
+        """The line naming the node that failed, the others' ends, and how to go on; None when none failed (or a
+        usage error stopped the ranks: their message names the fix)."""
         culprit = self.culprit()
-        if culprit is None:
+        if culprit is None or culprit[1] == USAGE_EXIT:  # no node failed, or the ranks' usage error says it all
             return None
         node, code = culprit
         ended = dict(self.ends)

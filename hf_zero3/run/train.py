@@ -59,7 +59,7 @@ from hf_zero3.run.distributed import (
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
-from hf_zero3.run.node_loss import PEER_LOST_EXIT, peer_lost
+from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.preemption import PREEMPTED_EXIT
 from hf_zero3.run.start import FINISHED, claim, start_point
 
@@ -318,6 +318,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    elif trainer.args.should_save:  # save_on_each_node: this node's copy of output_dir is finished too
+        write_finished(Path(training_args.output_dir), {
+            "global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
+            "num_train_epochs": training_args.num_train_epochs})
     release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
@@ -347,7 +351,7 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
         else:
             time.sleep(ERROR_EXIT_DELAY_S)
-        return 2
+        return USAGE_EXIT
     except (NonFiniteError, CheckpointError) as e:  # training stopped on purpose, the message says why and how on
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
@@ -355,8 +359,8 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
     except RuntimeError as e:  # a collective lost a peer: one line instead of a traceback through DeepSpeed
         if (lost := peer_lost(e)) is None:
             raise
-        print(f"hf_zero3: rank {os.environ.get('RANK', '?')}: a collective lost {lost}: that rank's process, its node "
-              f"or the network to it stopped. Stopping (exit {PEER_LOST_EXIT}); the launcher names the node that "
+        print(f"hf_zero3: rank {os.environ.get('RANK', '?')}: lost contact with {lost}: that rank's process, its "
+              f"node or the network to it stopped. Stopping (exit {PEER_LOST_EXIT}); the launcher names the node that "
               "failed. The same command with --resume_from_checkpoint auto resumes from the newest checkpoint "
               "complete on every node", file=sys.stderr, flush=True)
         return PEER_LOST_EXIT

@@ -11,6 +11,7 @@ cluster keeps them (an ssh_config: DeepSpeed's own reachability check reads no o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,12 +28,14 @@ import pytest
 
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
+from hf_zero3.run.node_loss import PEER_LOST_EXIT
 from hf_zero3.run.preemption import PREEMPTED_EXIT
-from tests.conftest import ROOT, VENV, explain, losses, run, subprocess_env
+from tests.conftest import ROOT, VENV, error_naming, explain, losses, losses_by_step, run, subprocess_env
 
 pytestmark = pytest.mark.integration
 
-COMMON = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null"]
+STEPS = 6
+COMMON = ["--max_steps", str(STEPS), "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null"]
 
 
 def stand_in(folder: Path, name: str, body: str) -> None:
@@ -80,7 +83,7 @@ def one_node(tmp_path_factory) -> Path:
 
 def assert_same_losses_as(reference: Path, out: Path) -> None:
     expected, got = losses(reference), losses(out)
-    assert len(expected) == len(got) == 4 and expected[-1] < expected[0]
+    assert len(expected) == len(got) == STEPS and expected[-1] < expected[0]
     assert max(abs(a - b) for a, b in zip(expected, got, strict=True)) < 1e-5, list(zip(expected, got, strict=True))
 
 
@@ -377,3 +380,149 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(on
                              text=True, timeout=600)
     assert resumed.returncode == 0, explain(resumed)
     assert_same_losses_as(one_node, out)
+
+
+# --- a node lost ------------------------------------------------------------------------------------------------
+
+NODE_TIMEOUT = 5
+"""The launcher's NODE_TIMEOUT in these tests: ssh gives a silent node up after ~5 s, the other nodes get 5 s more."""
+
+
+def _node_ranks(out: Path) -> dict[int, int]:
+    """{node index: pid} of the ranks training into `out` (DeepSpeed's CROSS_RANK is a rank's node)."""
+    ranks = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
+            try:
+                ranks[int(process.environ()["CROSS_RANK"])] = process.pid
+            except (psutil.Error, KeyError, OSError):
+                pass
+    return ranks
+
+
+def _end_leftovers(out: Path) -> None:
+    """Kill what is left of a run into `out` on a node that was cut off (its launcher, its rank): processes this
+    test started, found by their command line."""
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if str(out) in " ".join(process.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+@dataclass
+class Lost:
+    text: str  # the launcher's output
+    code: int  # its exit status
+    peers_gone_s: float  # from the failure until node 0's rank was gone
+    launcher_s: float  # from the failure until the launcher exited
+
+
+def _lose_node_1(command: list[str], env: dict, log: Path, ready, fail, timeout: float = 300) -> Lost:
+    """Run `command` until `ready()` holds, then `fail()` node 1; time node 0's rank and the launcher out."""
+    with log.open("w") as sink:
+        launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, stdout=sink,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert launcher.poll() is None, f"the run ended before node 1 failed:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"not ready after {timeout} s:\n{log.read_text()[-4000:]}"
+            time.sleep(0.02)
+        ranks = _node_ranks(command[2])
+        assert sorted(ranks) == [0, 1], ranks
+        fail(ranks[1])
+        failed = time.monotonic()
+        while psutil.pid_exists(ranks[0]) and psutil.Process(ranks[0]).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - failed < 240, f"node 0's rank still runs:\n{log.read_text()[-4000:]}"
+            time.sleep(0.1)
+        peers_gone = time.monotonic() - failed
+        code = launcher.wait(timeout=240)
+        return Lost(log.read_text(), code, peers_gone, time.monotonic() - failed)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+@needs_nodes
+def test_a_node_lost_mid_step_mid_save_and_cut_off_then_the_same_command_resumes_on_node_local_disks(
+        one_node, nodes, tmp_path):
+    """Checkpoints on each node's own disk (`save_on_each_node`), one command run four times:
+
+    1. node 1's rank killed (kill -9) mid-step, after checkpoint-2: node 0's rank stops within seconds, naming the
+       peer it lost; the launcher names node 1 and the signal;
+    2. again, killed mid-save of checkpoint-4: no copy of checkpoint-4 is marked complete;
+    3. node 1's network cut mid-step, after checkpoint-4: ssh gives node 1 up after NODE_TIMEOUT, the launcher
+       names it and stops node 0 (whose collective would otherwise wait ddp_timeout, 30 min);
+    4. it finishes: each run resumed from the newest checkpoint complete on both nodes (2, 2, 4), and the losses
+       are those of 2 ranks on one node running straight through."""
+    out = nodes.local / "run"
+    disks = [disk / "run" for disk in nodes.disks]  # what node i sees at `out`
+    env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
+                         OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), GLOO_SOCKET_IFNAME=NODE_NIC,
+                         NODE_TIMEOUT=str(NODE_TIMEOUT))
+    command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--save_steps", "2",
+               "--save_total_limit", "2", "--save_on_each_node", "true", "--resume_from_checkpoint", "auto"]
+    marked = lambda step: all((d / f"checkpoint-{step}" / ckpt.MARKER).is_file() for d in disks)  # noqa: E731
+    kill = lambda pid: os.kill(pid, signal.SIGKILL)  # noqa: E731
+    named = f"hf_zero3.run.launch: node {nodes.hosts[1]} failed: exit "
+    timings = {}
+
+    shared_only = subprocess.run([c for c in command if c not in ("--save_on_each_node", "true")], cwd=ROOT,
+                                 env={**env, "MASTER_PORT": str(free_port())}, capture_output=True, text=True,
+                                 timeout=600)
+    assert shared_only.returncode == 2, explain(shared_only)
+    error_naming(shared_only.stderr, "on each node's own disk", "--save_on_each_node true")
+    assert all(not list(d.iterdir()) for d in disks)  # refused before anything was written
+
+    killed = _lose_node_1(command, env, tmp_path / "1.log", lambda: marked(2), kill)
+    assert killed.code != 0 and f"{named}247, a rank there was killed by SIGKILL" in killed.text, killed.text[-4000:]
+    assert f"{nodes.hosts[0]} exit {PEER_LOST_EXIT}: its ranks lost a peer" in killed.text
+    assert f"lost contact with the rank at {nodes.hosts[1]}" in killed.text  # node 0's rank, in one line
+    assert killed.peers_gone_s < 30 and killed.launcher_s < 40, (killed.peers_gone_s, killed.launcher_s)
+    timings["kill mid-step"] = killed
+
+    saving = _lose_node_1(command, env, tmp_path / "2.log",
+                          lambda: (disks[1] / "checkpoint-4" / ckpt.SAVING).is_file(), kill)
+    assert f"{named}247" in saving.text and saving.peers_gone_s < 30, saving.text[-4000:]
+    assert not any((d / "checkpoint-4" / ckpt.MARKER).exists() for d in disks)  # killed before any copy counted
+    assert all(ckpt.is_complete(d / "checkpoint-2") for d in disks)
+    timings["kill mid-save"] = saving
+
+    try:
+        cut = _lose_node_1(command, env, tmp_path / "3.log", lambda: marked(4), lambda pid: nodes.cut(1))
+    finally:
+        nodes.mend(1)
+        _end_leftovers(out)  # node 1's rank, cut off, would wait ddp_timeout
+    assert f"removing {out}/checkpoint-4: its save never finished" in cut.text  # the unfinished copies, on each node
+    assert f"{named}255, ssh lost it" in cut.text, cut.text[-4000:]
+    assert "stopping the job on every node" in cut.text
+    assert cut.peers_gone_s < 2 * NODE_TIMEOUT + 45 and cut.launcher_s < 2 * NODE_TIMEOUT + 60, (
+        cut.peers_gone_s, cut.launcher_s)
+    timings["network cut mid-step"] = cut
+
+    finished = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
+                              text=True, timeout=600)
+    assert finished.returncode == 0, explain(finished)
+    expected, got = losses_by_step(one_node), losses_by_step(disks[0])
+    assert sorted(got) == list(range(1, STEPS + 1)), got
+    assert max(abs(expected[s] - got[s]) for s in got) < 1e-5, (expected, got)
+    for disk in disks:  # each node's copy: the newest 2 complete, keep-last-N done on each, the run finished
+        assert [p.name for p in ckpt.complete_checkpoints(disk)] == ["checkpoint-4", "checkpoint-6"], disk
+        assert ckpt.read_finished(disk) is not None and (disk / "checkpoint-6" / "latest").is_file()
+    # DeepSpeed gathers the 16-bit weights on rank 0 alone: they are on node 0's disk
+    assert (disks[0] / "model.safetensors").is_file() and (disks[0] / "checkpoint-6" / "model.safetensors").is_file()
+    for name, lost in timings.items():
+        print(f"{name}: node 0's rank gone {lost.peers_gone_s:.1f} s after, the launcher {lost.launcher_s:.1f} s")
+
+
+def test_a_rank_whose_peers_never_come_stops_after_ddp_timeout(tmp_path):
+    """The process group honours ddp_timeout (DeepSpeed's default is 30 min): rank 0 of 2, alone, stops after it
+    with one line naming what it waited for, exit 69."""
+    started = time.monotonic()
+    alone = run(["hf-zero3", "train", "recipes/tiny/train_args.yaml", "--output_dir", tmp_path / "run",
+                 "--ddp_timeout", "5", "--validation_file", "null"], timeout=300, RANK="0", LOCAL_RANK="0",
+                WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    assert alone.returncode == PEER_LOST_EXIT, explain(alone)
+    assert "the ranks that never joined: 1 of 2 reached MASTER_ADDR:MASTER_PORT within ddp_timeout" in alone.stderr
+    assert "Traceback" not in alone.stderr and time.monotonic() - started < 120
