@@ -21,7 +21,7 @@ from hf_zero3.checkpoint.lifecycle import (
 )
 from hf_zero3.run import storage
 from hf_zero3.run.arguments import UsageError
-from hf_zero3.run.distributed import fail_together, gather_from_ranks, is_world_process_zero
+from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
 
 FINISHED = "finished"
 """`start_point`'s answer when output_dir already holds this run, finished: nothing to train."""
@@ -83,8 +83,9 @@ def finish_from(checkpoint: Path, output_dir: Path, args, everywhere: set[int] |
                 and not (output_dir / ADAPTER_WEIGHTS).is_file():
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
                   "<folder>` writes the final model", flush=True)
-        for old in rotate(output_dir, args.save_total_limit, everywhere=everywhere):  # the killed run may not have
-            print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)  # rotated
+        # the killed run may not have rotated yet
+        for old in rotate(output_dir, args.save_total_limit, everywhere=everywhere):
+            print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)
         write_finished(output_dir, {"global_step": resume_step(checkpoint), "max_steps": args.max_steps,
                                     "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
     barrier()
@@ -193,10 +194,9 @@ def start_point(args) -> str | None:
 def _same_run_on_every_node(output_dir: Path, args) -> None:
     """On node-local disks: every node's copy of output_dir holds this run (node 0's run id) or none yet."""
     ids = gather_from_ranks({"rank": args.process_index, "id": ckpt.read_run_id(output_dir)})
-    own = ids[0]["id"]
-    other = [r for r in ids if r["id"] is not None and own is not None and r["id"] != own]
-    if other or (own is None and any(r["id"] for r in ids)):
-        raise UsageError(f"output_dir {output_dir} holds another run on the node of rank {(other or ids)[0]['rank']} "
+    other = [r for r in ids if r["id"] not in (None, ids[0]["id"])]
+    if other:
+        raise UsageError(f"output_dir {output_dir} holds another run on the node of rank {other[0]['rank']} "
                          "than on node 0 (its hf_zero3_run.json differs): on each node's own disk, output_dir must "
                          "hold the same run everywhere, or nothing yet. Choose another output_dir, or move that "
                          "node's copy aside")

@@ -57,9 +57,9 @@ from hf_zero3.run.distributed import (
     release_engine,
 )
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
-from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.preemption import PREEMPTED_EXIT
 from hf_zero3.run.start import FINISHED, claim, start_point
 

@@ -30,7 +30,8 @@ class Clock:
 
 
 def test_the_node_that_failed_by_itself_is_named_whichever_pdsh_reports_first():
-    killed, lost = "pdsh@head: b: ssh exited with exit code 247", f"pdsh@head: a: ssh exited with exit code {PEER_LOST_EXIT}"
+    killed = "pdsh@head: b: ssh exited with exit code 247"
+    lost = f"pdsh@head: a: ssh exited with exit code {PEER_LOST_EXIT}"
     for lines in ([killed, lost], [lost, killed]):
         watch = NodeWatch(grace_s=60)
         for line in ["a: some output of a rank", *lines]:
