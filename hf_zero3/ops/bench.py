@@ -297,6 +297,7 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
     names = [v.name for v in variants_of(slots)]
     started, longest, left, count = time.time(), 0.0, 0, 0
+    position = {"at": 0, "extra": 0}  # where in the grid of repeats x configs (plus a search's further attempts)
 
     def first_runs(search: Search) -> dict[str, dict]:
         return {v.name: state["runs"][v.name]["1"]["summary"] for v in search.candidates
@@ -313,13 +314,14 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         began = time.time()
         state["runs"].setdefault(variant.name, {})[str(repeat)] = _run_variant(
             variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
-            f"[{count}] {variant.name} run {repeat}")
+            f"[{position['at']}/{repeats * len(slots) + position['extra']}] {variant.name} run {repeat}")
         longest = max(longest, time.time() - began)
         state_path.write_text(json.dumps(state, indent=1))
         _write_state_outputs(report, meta, state, names, slots)
 
     for repeat in range(1, repeats + 1):
         for slot in slots:
+            position["at"] += 1
             if not selected(slot, only):
                 continue
             if isinstance(slot, Variant):
@@ -330,9 +332,14 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
                 for variant in named:
                     one(variant, repeat)
                 continue
+            tried = 0
             while True:
                 where, variant = search_state(slot, first_runs(slot))
                 if where == "next" and repeat == 1:
+                    if tried:  # the search goes on: one more run than the grid counts
+                        position["at"] += 1
+                        position["extra"] += 1
+                    tried += 1
                     before = left
                     one(variant, 1)
                     if left > before:  # out of time: the search goes on in the next call

@@ -508,3 +508,20 @@ def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(
                    "train_on_inputs"):
         assert needle in err, err
     assert not dist.is_initialized() and not out.exists()
+
+
+def test_regional_compile_refuses_whole_model_compile_and_an_unknown_backend(capsys, tmp_path):
+    err = train_fails(capsys, "--regional_compile", "true", "--torch_compile", "true", "--regional_compile_backend",
+                      "tensorrt", "--output_dir", tmp_path / "out")
+    assert "regional_compile and torch_compile both compile" in err and "set one of them" in err
+    assert "regional_compile_backend 'tensorrt': choose one of inductor, aot_eager, eager" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_regional_compile_needs_decoder_layers():
+    import torch
+
+    from hf_zero3.run.regional_compile import enable
+
+    with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
+        enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
