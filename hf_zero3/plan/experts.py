@@ -31,12 +31,17 @@ def expert_count(config: Any) -> int:
     return 0
 
 
+def _shape(param) -> tuple[int, ...]:
+    """A parameter's full shape, also once ZeRO-3 has partitioned it (its data is then empty; `ds_shape` is kept)."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
 def _holds_experts(module, n: int) -> bool:
     import torch
 
     if isinstance(module, torch.nn.ModuleList):
         return len(module) == n
-    return any(p.dim() >= 3 and p.shape[0] == n for p in module.parameters(recurse=False))
+    return any(len(shape) >= 3 and shape[0] == n for shape in map(_shape, module.parameters(recurse=False)))
 
 
 def expert_containers(model, n: int | None = None) -> list[str]:
@@ -53,7 +58,7 @@ def expert_containers(model, n: int | None = None) -> list[str]:
 
 def _has_router(module, experts, n: int) -> bool:
     inside = {id(p) for p in experts.parameters()}
-    return any(n in p.shape for p in module.parameters() if id(p) not in inside)
+    return any(n in _shape(p) for p in module.parameters() if id(p) not in inside)
 
 
 def leaf_modules(model) -> dict[str, str]:
