@@ -55,11 +55,15 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     output (16-bit), the kernel's fp32 log-sum-exp per head, and the SwiGLU MLP's gate, act, up, product.
     Eager attention repeats k/v to all heads and keeps the fp32 softmax and its 16-bit copy (seq per head).
     With Liger: each RMSNorm keeps its 16-bit input and an fp32 rstd (its 16-bit output is still kept by the
-    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed).
+    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed). A mixture of
+    experts' MLP spans the routed experts' widths (`active_ffn`), plus the router's fp32 logits and probabilities
+    and the token's copy into and out of each expert it is routed to.
     """
     b, h = element_bytes(precision), shape.hidden
     norms = 2 * (2 * b * h + 4) if liger else 2 * (4 * h + 2 * b * h)
-    mlp = (3 if liger else 4) * b * shape.ffn
+    mlp = (3 if liger else 4) * b * shape.active_ffn
+    if shape.experts:  # router logits and their softmax (fp32), each routed copy of the token in and out
+        mlp += 8 * shape.experts + 2 * b * shape.experts_per_token * h
     if attention == "eager":
         attn = b * 4 * shape.q_dim + shape.heads * seq_len * (4 + (b if b != 4 else 0))
     else:
