@@ -130,3 +130,17 @@ def test_fused_experts_map_to_the_per_expert_names_save_pretrained_writes(tmp_pa
     assert saved_shapes(tmp_path, {n: tuple(p.shape) for n, p in model.named_parameters()}) == written
     dense = {"model.norm.weight": (128,)}
     assert saved_shapes(TINY / "model", dense) == dense
+
+
+def test_loading_a_moe_under_zero3_plans_two_copies_of_one_block():
+    """Measured: the per-expert tensors as read and their fused copy (benchmarks study moe-load-rss)."""
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.memory import plan
+    from hf_zero3.plan.types import Hardware, Training
+
+    shape = shape_from_config(QWEN3_30B_A3B)
+    hardware = Hardware(nodes=1, gpus_per_node=8, gpu_mem=10**12, host_ram=None)
+    loading = {s: next(t.bytes for t in plan(shape, hardware, Training(4096, load_bytes=2), ZeroSpec(
+        precision="bf16", stage=s)).terms if t.name == "loading weights") for s in (2, 3)}
+    assert loading[3] == 8 * 2 * 2 * shape.expert_block_params()
+    assert loading[2] == 8 * 2 * shape.params  # below ZeRO-3 each rank loads the whole model, fused once
