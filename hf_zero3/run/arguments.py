@@ -59,6 +59,11 @@ class ModelArguments:
     peft: dict | None = field(
         default=None, metadata={"help": "LoRA on the frozen base: {r, alpha, dropout, target_modules (a list, or "
                                         "all-linear)}. See docs/lora.md."})
+    leaf_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module classes ZeRO-3 gathers whole, e.g. a mixture of experts' block (its "
+                                        "router and experts). Default: found from the model's experts "
+                                        "(hf_zero3/plan/experts.py); [] for none. A ds_config with its own "
+                                        "zero_optimization.leaf_module wins. See docs/experts.md."})
 
 
 @dataclass

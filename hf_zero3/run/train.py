@@ -39,7 +39,7 @@ from hf_zero3.checkpoint.lifecycle import (
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
-from hf_zero3.run import activation_offload, lora, regional_compile
+from hf_zero3.run import activation_offload, experts, lora, regional_compile
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -249,6 +249,12 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
             raise UsageError(f"peft: {e}") from e
         if is_world_process_zero():
             print(lora.describe(model), flush=True)
+    try:
+        leaves = experts.set_leaf_modules(model, model_args.leaf_modules, training_args)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if leaves and is_world_process_zero():
+        print(f"hf_zero3: {leaves}", flush=True)
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)

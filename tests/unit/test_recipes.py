@@ -25,9 +25,9 @@ by_name = pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 
 
 def test_recipes_are_found_on_disk_and_nothing_else_lives_under_recipes():
-    assert len(RECIPES) == 7
+    assert len(RECIPES) == 8
     assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["10b-h200x1", "13b", "20b-h200x2", "70b", "7b", "8b",
-                                                                   "tiny"]
+                                                                   "qwen3-30b-a3b", "tiny"]
     for path in RECIPES_DIR.rglob("*"):  # recursive: a nested folder or stray file is an error too
         rel = path.relative_to(RECIPES_DIR)
         if path.is_dir():
@@ -167,7 +167,8 @@ def test_slurm_script_parses():
 
 
 PROFILES_OF = {"70b": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
-               "20b-h200x2": (("h200x2", 1),), "10b-h200x1": (("h200x1", 1),)}
+               "20b-h200x2": (("h200x2", 1),), "10b-h200x1": (("h200x1", 1),),
+               "qwen3-30b-a3b": (("dgx-h100", 1),)}
 """Recipes sized for named machines (hf_zero3/plan/profiles.py, nodes each): planned there with HEADROOM free, the
 first profile being the one their README quotes."""
 HEADROOM = 0.1
