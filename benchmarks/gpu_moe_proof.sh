@@ -8,7 +8,8 @@
 # planner's figure and host RAM sampled meanwhile (benchmarks/recipe_proof.py).
 # Prediction before any run: peak allocated within 10% of the plan; ours >= stock (same config family, Liger on
 # ours); MFU low (the experts' weights are gathered for an eighth of their work per token).
-# Usage, from the repository root: bash benchmarks/gpu_moe_proof.sh OUT   (about 6 minutes on one H200)
+# Usage, from the repository root: bash benchmarks/gpu_moe_proof.sh OUT   (about 6 minutes on one H200; the runs'
+# own logs are under outputs/proof/qwen3-30b-a3b-<L>L/runs/: copy them to OUT with the results)
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_moe_proof.sh OUT}
 exec bash benchmarks/gpu_recipe_proof.sh "$out" --recipe qwen3-30b-a3b --gpus 1 --layers "${LAYERS:-4}" --as-shipped \

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
              str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
              "--block_size", str(args.seq_len)]
+    if yaml.safe_load((recipe.folder / "train_args.yaml").read_text()).get("config_overrides"):
+        extra += ["--config_overrides", "null"]  # the recipe's full shape would reshape the layer-scaled config
     if args.cpu:
         extra += ["--use_cpu", "true", "--bf16", "false"]
     cmd = [sys.executable, "-m", "hf_zero3", "bench", str(variant_dir), "--steps", str(args.steps), "--warmup",
