@@ -38,7 +38,7 @@ DATA = {"tokenizer": "assets/tiny/model", "train_file": "assets/tiny/corpus/trai
 
 
 def _stock_zero3() -> dict:
-    from hf_zero3.ops.bench import STOCK_ZERO3
+    from hf_zero3.ops.baselines import STOCK_ZERO3
 
     return STOCK_ZERO3
 

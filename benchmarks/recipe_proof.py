@@ -45,12 +45,18 @@ GiB = 1024**3
 
 
 def write_model_config(shape, folder: Path) -> None:
-    from transformers import LlamaConfig
+    """A Llama config of the shape, or for a mixture of experts a Qwen3-MoE one (its experts, top-k and widths)."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
 
-    LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
-                num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
-                max_position_embeddings=max(shape.max_positions, 4096), tie_word_embeddings=False,
-                bos_token_id=0, eos_token_id=1, pad_token_id=3).save_pretrained(folder)
+    common = dict(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
+                  num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                  head_dim=shape.head_dim, max_position_embeddings=max(shape.max_positions, 4096),
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=3)
+    if shape.experts:
+        Qwen3MoeConfig(**common, num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+                       moe_intermediate_size=shape.expert_ffn, norm_topk_prob=True).save_pretrained(folder)
+    else:
+        LlamaConfig(**common).save_pretrained(folder)
 
 
 def liger_installed() -> bool:
@@ -140,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
              str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
              "--block_size", str(args.seq_len)]
+    if yaml.safe_load((recipe.folder / "train_args.yaml").read_text()).get("config_overrides"):
+        extra += ["--config_overrides", "null"]  # the recipe's full shape would reshape the layer-scaled config
     if args.cpu:
         extra += ["--use_cpu", "true", "--bf16", "false"]
     cmd = [sys.executable, "-m", "hf_zero3", "bench", str(variant_dir), "--steps", str(args.steps), "--warmup",
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "name": name, "recipe": args.recipe, "recipe_version": recipe.version if hasattr(recipe, "version") else None,
         "how": how, "exit": code, "wall_s": round(time.time() - started, 1),
         "model": {"params": shape.params, "layers": shape.layers, "hidden": shape.hidden, "ffn": shape.ffn,
-                  "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab},
+                  "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab,
+                  "active_params": shape.active_params, "experts": shape.experts},
         "hardware": {"gpus": args.gpus, "gpu_mem": args.gpu_mem, "host_ram": args.host_ram},
         "training": {"seq_len": args.seq_len, "micro_batch": planned.training.micro_batch,
                      "grad_accum": planned.training.grad_accum, "liger": liger,

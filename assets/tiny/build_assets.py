@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, PreTrainedTokenizerFast
+from transformers import LlamaConfig, MixtralConfig, PreTrainedTokenizerFast, Qwen3MoeConfig
 
 HERE = Path(__file__).resolve().parent
 CORPUS_DIR = HERE / "corpus"
@@ -304,6 +304,20 @@ def main() -> None:
     )
     config.save_pretrained(MODEL_DIR)
     print(f"wrote {CORPUS_DIR} and {MODEL_DIR} (vocab {len(tokenizer)})")
+    write_moe_configs(tokenizer)
+
+
+def write_moe_configs(tokenizer) -> None:
+    """Two tiny mixtures of experts (2 layers, 4 experts, top-2) that use the tiny tokenizer: Mixtral's shape and
+    Qwen3-MoE's (per-expert width apart from the dense one), for the MoE tests and docs/experts.md."""
+    common = dict(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, max_position_embeddings=512, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    MixtralConfig(intermediate_size=176, num_local_experts=4, num_experts_per_tok=2, **common).save_pretrained(
+        MODEL_DIR.parent / "mixtral")
+    Qwen3MoeConfig(intermediate_size=352, moe_intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                   norm_topk_prob=True, **common).save_pretrained(MODEL_DIR.parent / "qwen3-moe")
 
 
 if __name__ == "__main__":

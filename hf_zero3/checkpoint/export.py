@@ -31,6 +31,7 @@ from hf_zero3.checkpoint.lifecycle import (
     verify_checkpoint,
     verify_weights,
 )
+from hf_zero3.checkpoint.names import meta_model, to_saved_layout
 from hf_zero3.checkpoint.nvme_states import OFFLOADED, has_nvme_states, swapped_fp32_groups
 from hf_zero3.units import parse_size
 
@@ -143,8 +144,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
                       base: str | None = None) -> Path:
     """Write `out`: sharded safetensors of the fp32 master weights cast to `dtype`, config, tokenizer, card.
 
-    Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, as
-    `save_pretrained` does; `from_pretrained` ties them again. Arguments are checked before anything is
+    Tied parameters (DeepSpeed's `shared_params`, e.g. lm_head tied to the embeddings) are written once, and
+    tensors transformers converts on load (a mixture of experts' fused experts) in the layout it saves, as
+    `save_pretrained` does (`checkpoint.names`); `from_pretrained` ties and fuses them again. Arguments are checked before anything is
     written, and a failed export leaves nothing behind (the staging folder and any folder it created go).
     `license` goes into the card's metadata (default: the run's `hub_license`, else "other"); `progress` gets a
     line per shard written (an 8B export takes minutes). A LoRA run's checkpoint or final adapter exports as the
@@ -202,10 +204,14 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, 
     empty = to_torch_tensor(lazy, return_empty_tensor=True, dtype=DTYPES[dtype])
     split = split_torch_state_dict_into_shards(empty, filename_pattern="model{suffix}.safetensors",
                                                max_shard_size=max_shard_size)
+    layout = meta_model(checkpoint)  # the saved layout: a mixture of experts' fused tensors go back per expert
     started, written, count = time.monotonic(), 0, len(split.filename_to_tensors)
+    weight_map: dict[str, str] = {}
     for number, (filename, names) in enumerate(split.filename_to_tensors.items(), 1):
-        shard = to_torch_tensor({name: lazy[name] for name in names}, dtype=DTYPES[dtype])
+        shard = to_saved_layout(layout, to_torch_tensor({name: lazy[name] for name in names}, dtype=DTYPES[dtype]))
+        shard = {name: t.contiguous() for name, t in shard.items()}
         save_file(shard, str(tmp / filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, filename))
         written += sum(t.numel() * t.element_size() for t in shard.values())
         del shard
         if progress and written:
@@ -214,7 +220,7 @@ def _write_export(checkpoint: Path, tmp: Path, dtype: str, max_shard_size: int, 
                      f"{split.metadata['total_size'] / 1e9:.2f} GB, {elapsed:.0f} s, "
                      f"ETA {elapsed / written * max(0, split.metadata['total_size'] - written):.0f} s")
     if split.is_sharded:
-        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        index = {"metadata": split.metadata, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     for name in COPIED:
         if (checkpoint / name).is_file():

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_zero3.checkpoint.names import saved_shapes
+
 DEFAULT_SAVE_STEPS = 500
 """Save every 500 optimizer steps: the default for recipes that run long enough (the tiny one saves every 50)."""
 DEFAULT_SAVE_TOTAL_LIMIT = 3
@@ -337,8 +339,9 @@ def shape_difference(checkpoint: str | os.PathLike, config) -> list[str]:
 def verify_weights(checkpoint: str | os.PathLike, shapes_from: str | os.PathLike | None = None) -> list[str]:
     """Problems with the gathered 16-bit weights: every trained parameter present, right shape, not empty.
 
-    "Trained parameters" are the ones DeepSpeed's model states list (tied copies excepted). Reads only
-    headers, so it costs milliseconds even for a 70B model. `shapes_from`: the DeepSpeed checkpoint to
+    "Trained parameters" are the ones DeepSpeed's model states list (tied copies excepted), in the layout
+    `save_pretrained` writes (`checkpoint.names`: a mixture of experts' fused tensors are saved per expert). Reads
+    only headers, so it costs milliseconds even for a 70B model. `shapes_from`: the DeepSpeed checkpoint to
     compare with (default: `checkpoint` itself; an exported folder passes its source). A LoRA run's folder
     holds its adapter instead: `verify_adapter`.
     """
@@ -361,8 +364,11 @@ def verify_weights(checkpoint: str | os.PathLike, shapes_from: str | os.PathLike
             return [f"{path.name} is unreadable ({e})"]
     source = Path(shapes_from or checkpoint)
     expected, tied = param_shapes(source) if (source / "latest").is_file() else ({}, {})
+    expected = {n: shape for n, shape in expected.items() if n not in tied}
+    if any(n not in saved for n in expected):  # transformers saves some models in another layout than in memory
+        expected = saved_shapes(source, expected)
     problems = [f"{name}: saved with shape {saved[name]} (no values)" for name in saved if 0 in saved[name]]
-    missing = [n for n in expected if n not in saved and n not in tied]
+    missing = [n for n in expected if n not in saved]
     wrong = [n for n in expected if n in saved and saved[n] != expected[n]]
     if missing:
         problems.append(f"{len(missing)} trained parameter(s) missing from the weights, e.g. {missing[0]}")

@@ -35,6 +35,12 @@ PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
 
+MOE_LOAD_COPIES = 2
+"""Loading a per-expert checkpoint into fused experts under ZeRO-3 holds a block twice, as read and as fused, before
+it is partitioned: measured 1.82-1.96 x one block per rank, the same at 4, 8 and 16 layers (benchmarks study
+moe-load-rss)."""
+
+
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else str(n)
 
@@ -55,11 +61,15 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     output (16-bit), the kernel's fp32 log-sum-exp per head, and the SwiGLU MLP's gate, act, up, product.
     Eager attention repeats k/v to all heads and keeps the fp32 softmax and its 16-bit copy (seq per head).
     With Liger: each RMSNorm keeps its 16-bit input and an fp32 rstd (its 16-bit output is still kept by the
-    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed).
+    projections after it); SwiGLU keeps gate, up and the product (the activation is recomputed). A mixture of
+    experts' MLP spans the routed experts' widths (`active_ffn`), plus the router's fp32 logits and probabilities
+    and the token's copy into and out of each expert it is routed to.
     """
     b, h = element_bytes(precision), shape.hidden
     norms = 2 * (2 * b * h + 4) if liger else 2 * (4 * h + 2 * b * h)
-    mlp = (3 if liger else 4) * b * shape.ffn
+    mlp = (3 if liger else 4) * b * shape.active_ffn
+    if shape.experts:  # router logits and their softmax (fp32), each routed copy of the token in and out
+        mlp += 8 * shape.experts + 2 * b * shape.experts_per_token * h
     if attention == "eager":
         attn = b * 4 * shape.q_dim + shape.heads * seq_len * (4 + (b if b != 4 else 0))
     else:
@@ -301,8 +311,11 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
                           "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
                           "1 x H200: +20.2 GiB for 20.0)", "buffer"))
     loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
-    add("host", "loading weights", load_b * loading, f"{load_b} B x {_count(loading)}"
-        + (" (ZeRO-3 loads one tensor at a time)" if stage == 3 else " (each rank loads the whole model)"), "buffer")
+    copies = MOE_LOAD_COPIES if stage == 3 and shape.experts else 1
+    add("host", "loading weights", copies * load_b * loading, f"{copies} x " * (copies > 1) + f"{load_b} B x "
+        f"{_count(loading)}" + ((" (ZeRO-3 loads one MoE block at a time: its per-expert tensors and their fused copy)"
+                                 if copies > 1 else " (ZeRO-3 loads one tensor at a time)") if stage == 3 else
+                                " (each rank loads the whole model)"), "buffer")
     host = sum(x.bytes for x in terms if x.where == "host")
     terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))
     if stage == 3 and prm == "none":  # before the first step, while no offloaded state exists yet

@@ -62,8 +62,14 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
     host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
     free = "unknown space" if hardware.nvme_free is None else f"{gb(hardware.nvme_free)} free"
     nvme = f"{free} at {hardware.nvme_path}" if hardware.nvme_path else "none (--nvme-path)"
-    out(f"model     {shape.name}: {shape.params / 1e9:.2f}B params (L{shape.layers} H{shape.hidden} ffn{shape.ffn} "
+    width = (f"{shape.experts} experts of ffn{shape.expert_ffn}, top-{shape.experts_per_token}" if shape.experts
+             else f"ffn{shape.ffn}")
+    out(f"model     {shape.name}: {shape.params / 1e9:.2f}B params (L{shape.layers} H{shape.hidden} {width} "
         f"heads{shape.heads} kv{shape.kv_heads} vocab{shape.vocab}), seq {seq_len}")
+    if shape.experts:
+        out(f"experts   {shape.active_params / 1e9:.2f}B active per token: FLOPs and MFU count those; memory counts all "
+            f"{shape.params / 1e9:.2f}B. Each MoE layer's block ({shape.expert_block_params() / 1e6:,.0f}M params) is "
+            "a ZeRO-3 leaf, gathered whole")
     out(f"hardware  {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs x {gb(hardware.gpu_mem)}; host RAM "
         f"{host}; NVMe {nvme}{detected}")
     out("")

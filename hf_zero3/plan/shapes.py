@@ -4,7 +4,9 @@ known offline).
 The planner needs exact parameter counts without building the model, so they are computed here from
 the shape (a test checks them against `sum(p.numel())` of a real `LlamaForCausalLM` on the meta device).
 The formulas are the Llama family's: RMSNorm, GQA attention, SwiGLU MLP, optional biases, untied or
-tied `lm_head`. `flops_per_token` is imported by the throughput callback; keep its name.
+tied `lm_head`; a mixture of experts replaces the MLP of its MoE layers by a router and `experts` SwiGLU experts
+of width `expert_ffn` (plus always-on shared experts), of which `experts_per_token` run per token: total parameters
+count every expert, FLOPs (and MFU) only the active ones. `flops_per_token` is imported by the throughput callback; keep its name.
 
 A recipe's name (`--model 70b`) means the model its YAML names: the recipe registry (`hf_zero3.recipes`) is the
 one list of names, and nothing here overrides what a recipe says.
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_zero3 import recipes
+from hf_zero3.plan.experts import expert_count
 
 
 class ModelError(ValueError):
@@ -42,6 +45,18 @@ class ModelShape:
     attention_bias: bool = False
     mlp_bias: bool = False
     max_positions: int = 4096
+    qk_norm: bool = False
+    """An RMSNorm of head_dim on queries and on keys in every layer (Qwen3)."""
+    experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (top-k)."""
+    expert_ffn: int = 0
+    """Intermediate width of one routed expert (Qwen3-MoE's moe_intermediate_size; Mixtral's intermediate_size)."""
+    shared_expert_ffn: int = 0
+    """Intermediate width of the always-on shared expert(s) of an MoE layer, all together (0: none)."""
+    dense_layers: int = 0
+    """Layers of an MoE model with a dense MLP of width `ffn` instead of experts (DeepSeek's first layers)."""
 
     def __post_init__(self):
         for field in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "max_positions"):
@@ -52,6 +67,11 @@ class ModelShape:
                              f"({self.kv_heads}): give kv_heads (--kv-heads) a divisor of {self.heads}")
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.experts and not (0 < self.experts_per_token <= self.experts and self.expert_ffn > 0
+                                 and 0 <= self.dense_layers < self.layers):
+            raise ModelError(f"model {self.name}: {self.experts} experts need 1 <= experts_per_token <= experts "
+                             f"(got {self.experts_per_token}), expert_ffn >= 1 (got {self.expert_ffn}) and fewer "
+                             f"dense_layers than layers (got {self.dense_layers})")
 
     @property
     def q_dim(self) -> int:
@@ -79,32 +99,71 @@ class ModelShape:
 
     @property
     def mlp_params(self) -> int:
-        """gate, up, down projections of one layer (SwiGLU)."""
+        """gate, up, down projections of one dense layer (SwiGLU)."""
         return 3 * self.hidden * self.ffn + ((2 * self.ffn + self.hidden) if self.mlp_bias else 0)
 
     @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    def expert_block_params(self, experts: int | None = None) -> int:
+        """One MoE layer's MLP with `experts` routed experts (default: all): router, experts, shared experts."""
+        experts = self.experts if experts is None else experts
+        return self.hidden * self.experts + experts * 3 * self.hidden * self.expert_ffn + \
+            3 * self.hidden * self.shared_expert_ffn
+
+    @property
     def layer_params(self) -> int:
-        """One decoder layer: attention, MLP and its two RMSNorms."""
-        return self.attention_params + self.mlp_params + 2 * self.hidden
+        """One dense decoder layer: attention, MLP and its two RMSNorms."""
+        return self.attention_params + self.mlp_params + self._norms
+
+    @property
+    def _norms(self) -> int:
+        """A layer's RMSNorm weights: before attention and MLP, and Qwen3's on queries and keys."""
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+
+    def _total(self, experts: int | None) -> int:
+        dense = self.layers - self.moe_layers
+        return (self.embedding_params + self.layers * (self.attention_params + self._norms) +
+                dense * self.mlp_params + self.moe_layers * self.expert_block_params(experts) + self.hidden +
+                self.lm_head_params)
 
     @property
     def params(self) -> int:
-        """Every parameter: embedding, layers, final norm, untied lm_head."""
-        return self.embedding_params + self.layers * self.layer_params + self.hidden + self.lm_head_params
+        """Every parameter (every expert): embedding, layers, final norm, untied lm_head. What memory scales with."""
+        return self._total(None)
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token runs through: `params` with `experts_per_token` experts per MoE layer."""
+        return self._total(self.experts_per_token) if self.experts else self.params
+
+    @property
+    def active_ffn(self) -> int:
+        """The MLP width one token's activations span: `ffn`, or its experts' and the shared experts' together."""
+        return self.experts_per_token * self.expert_ffn + self.shared_expert_ffn if self.experts else self.ffn
 
     @property
     def largest_module_params(self) -> int:
-        """The biggest leaf module (ZeRO-3 gathers one leaf module at a time): embedding, lm_head or an MLP linear."""
+        """The biggest module ZeRO-3 gathers at once: embedding, lm_head, an MLP linear or q_proj, or a mixture of
+        experts' whole block (a leaf module: router, every expert and the shared ones in one gather)."""
         mlp_linear = self.hidden * self.ffn + (self.ffn if self.mlp_bias else 0)
         q_proj = self.hidden * self.q_dim + (self.q_dim if self.attention_bias else 0)
-        return max(self.embedding_params, mlp_linear, q_proj)
+        block = self.expert_block_params() if self.experts else 0
+        return max(self.embedding_params, mlp_linear, q_proj, block)
 
     def tensor_sizes(self) -> list[tuple[int, int]]:
         """(elements, how many) of each kind of parameter tensor: what ZeRO-3's persistence threshold is compared
         with, tensor by tensor."""
-        L, h = self.layers, self.hidden
-        sizes = [(self.embedding_params, 1), (h, 2 * L + 1), (h * self.q_dim, 2 * L), (h * self.kv_dim, 2 * L),
-                 (h * self.ffn, 3 * L)]
+        L, h, E = self.layers, self.hidden, self.experts
+        sizes = [(self.embedding_params, 1), (h, 2 * L + 1), *([(self.head_dim, 2 * L)] if self.qk_norm else []), (h * self.q_dim, 2 * L), (h * self.kv_dim, 2 * L),
+                 (h * self.ffn, 3 * (L - self.moe_layers))]
+        if self.moe_layers:  # transformers 5 fuses the experts: gate_up (E, 2f, h) and down (E, h, f) per layer
+            M = self.moe_layers
+            sizes += [(E * h, M), (E * 2 * self.expert_ffn * h, M), (E * self.expert_ffn * h, M)]
+            if self.shared_expert_ffn:
+                sizes.append((h * self.shared_expert_ffn, 3 * M))
         if self.lm_head_params:
             sizes.append((self.lm_head_params, 1))
         if self.attention_bias:
@@ -120,12 +179,13 @@ class ModelShape:
 
 
 def matmul_params(shape: ModelShape) -> int:
-    """N of `flops_per_token`: every parameter except the input embedding table (a lookup, no FLOPs).
+    """N of `flops_per_token`: every active parameter except the input embedding table (a lookup, no FLOPs).
 
     The output projection is counted even when tied, because the logits matmul is real work. This is
-    torchtitan's choice (`get_num_flop_per_token` with embeddings excluded).
+    torchtitan's choice (`get_num_flop_per_token` with embeddings excluded). A mixture of experts counts the
+    experts a token is routed to (`active_params`), not all of them: MFU then measures work done.
     """
-    return shape.params - shape.embedding_params + (shape.embedding_params if shape.tied_embeddings else 0)
+    return shape.active_params - shape.embedding_params + (shape.embedding_params if shape.tied_embeddings else 0)
 
 
 def flops_per_token(shape: ModelShape, seq_len: int) -> int:
@@ -163,6 +223,19 @@ def shape_from_config(config: Any, name: str = "") -> ModelShape:
         raise ModelError(f"model {name}: config has no {', '.join(missing)}; the planner models Llama-style "
                          "decoders (Llama, Mistral, Qwen2, ...): pass --model with such a config or a recipe")
     heads = get("num_attention_heads")
+    experts = expert_count(config)
+    moe = {}
+    if experts:
+        sparse_step = get("decoder_sparse_step") or 1
+        layers = get("num_hidden_layers")
+        first_dense = get("first_k_dense_replace") or 0
+        dense = {i for i in range(layers) if i < first_dense or i in (get("mlp_only_layers") or [])
+                 or (i + 1) % sparse_step}
+        shared = (get("shared_expert_intermediate_size") or 0) or \
+            (get("n_shared_experts") or 0) * (get("moe_intermediate_size") or 0)
+        moe = dict(experts=experts, experts_per_token=get("num_experts_per_tok") or get("moe_topk") or 1,
+                   expert_ffn=get("moe_intermediate_size") or get("intermediate_size"), shared_expert_ffn=shared,
+                   dense_layers=len(dense))
     return ModelShape(
         name=name or str(get("_name_or_path", "") or get("model_type", "model")),
         layers=get("num_hidden_layers"),
@@ -176,6 +249,8 @@ def shape_from_config(config: Any, name: str = "") -> ModelShape:
         attention_bias=bool(get("attention_bias", False)),
         mlp_bias=bool(get("mlp_bias", False)),
         max_positions=get("max_position_embeddings") or 4096,
+        qk_norm=str(get("model_type", "")).startswith("qwen3"),
+        **moe,
     )
 
 

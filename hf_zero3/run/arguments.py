@@ -59,6 +59,11 @@ class ModelArguments:
     peft: dict | None = field(
         default=None, metadata={"help": "LoRA on the frozen base: {r, alpha, dropout, target_modules (a list, or "
                                         "all-linear)}. See docs/lora.md."})
+    leaf_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module classes ZeRO-3 gathers whole, e.g. a mixture of experts' block (its "
+                                        "router and experts). Default: found from the model's experts "
+                                        "(hf_zero3/plan/experts.py); [] for none. A ds_config with its own "
+                                        "zero_optimization.leaf_module wins. See docs/experts.md."})
 
 
 @dataclass
@@ -86,6 +91,14 @@ class TrainingArguments(transformers.TrainingArguments):
                                          "others keep their activations and skip their recompute (more memory, "
                                          "faster). Default: all layers. See "
                                          "hf_zero3/callbacks/partial_checkpointing.py."})
+    regional_compile: bool = field(
+        default=False, metadata={"help": "torch.compile each decoder layer in place (not the whole model, as "
+                                         "torch_compile does): the loss, Liger's fused cross-entropy included, stays "
+                                         "outside the compiler; works with ZeRO-3 and checkpointing. See "
+                                         "hf_zero3/run/regional_compile.py."})
+    regional_compile_backend: str = field(
+        default="inductor", metadata={"help": "torch.compile backend of regional_compile: inductor, or aot_eager / "
+                                              "eager (tracing only, no code generation)."})
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})

@@ -39,7 +39,7 @@ from hf_zero3.checkpoint.lifecycle import (
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
-from hf_zero3.run import activation_offload, lora
+from hf_zero3.run import activation_offload, experts, lora, regional_compile
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -173,6 +173,21 @@ def _maybe_offload_activations(model, training_args) -> None:
               flush=True)
 
 
+def _maybe_compile_regions(model, training_args) -> None:
+    """`regional_compile`: each decoder layer compiled in place (hf_zero3/run/regional_compile.py), after the Trainer
+    patched Liger's forwards in, before DeepSpeed wraps the model."""
+    if not training_args.regional_compile:
+        return
+    try:
+        layers = regional_compile.enable(model, training_args.regional_compile_backend)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if is_world_process_zero():
+        print(f"hf_zero3: regional compile on: {len(layers)} {type(layers[0]).__name__} blocks compiled in place "
+              f"(backend {training_args.regional_compile_backend}); the embedding, lm_head and loss run uncompiled",
+              flush=True)
+
+
 def _partial_checkpointing(model, training_args) -> list:
     """The callback that checkpoints only the first `gradient_checkpointing_layers` layers, checked against the
     model's layer count before anything starts; none when the option is unset."""
@@ -236,6 +251,12 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
             raise UsageError(f"peft: {e}") from e
         if is_world_process_zero():
             print(lora.describe(model), flush=True)
+    try:
+        leaves = experts.set_leaf_modules(model, model_args.leaf_modules, training_args)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if leaves and is_world_process_zero():
+        print(f"hf_zero3: {leaves}", flush=True)
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)
@@ -266,6 +287,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         **batching,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
+    _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)

@@ -28,19 +28,25 @@ must be larger (2.75M of the 5.5M parameters per rank here) for the swap, and it
 def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
     """A config.json of the recipe's full shape (written here: hub ids cannot be downloaded), the
     --config_overrides that shrink it, and the shrunk parameter count."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen3MoeConfig
 
     size = SWAPPED if RECIPE_CONFIGS[name].offloads_to_nvme else SMALL
     shape = load_shape(name)
-    LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
-                num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                head_dim=shape.head_dim, max_position_embeddings=shape.max_positions,
-                tie_word_embeddings=shape.tied_embeddings).save_pretrained(folder)
+    common = dict(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                  num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                  head_dim=shape.head_dim, max_position_embeddings=shape.max_positions,
+                  tie_word_embeddings=shape.tied_embeddings)
+    if shape.experts:  # a mixture of experts keeps its expert count and top-k, each expert as narrow as the MLP
+        Qwen3MoeConfig(**common, num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+                       moe_intermediate_size=shape.expert_ffn).save_pretrained(folder)
+    else:
+        LlamaConfig(**common).save_pretrained(folder)
     kv = 1 if shape.kv_heads < shape.heads else size["heads"]
-    small = with_changes(shape, **{k: v for k, v in size.items() if k != "head_dim"}, kv_heads=kv)
+    experts = {"expert_ffn": size["ffn"] // 4} if shape.experts else {}
+    small = with_changes(shape, **{k: v for k, v in size.items() if k != "head_dim"}, kv_heads=kv, **experts)
     overrides = (f"num_hidden_layers={size['layers']},hidden_size={size['hidden']},intermediate_size={size['ffn']},"
                  f"num_attention_heads={size['heads']},num_key_value_heads={kv},head_dim={size['head_dim']},"
-                 f"vocab_size={size['vocab']}")
+                 f"vocab_size={size['vocab']}" + (f",moe_intermediate_size={size['ffn'] // 4}" if experts else ""))
     return folder, overrides, small.params
 
 
@@ -210,7 +216,7 @@ def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target
 def test_make_names_the_recipes_when_one_is_missing():
     proc = make("train-99b")
     assert proc.returncode != 0
-    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 7b 8b tiny)" in proc.stderr
+    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 7b 8b qwen3-30b-a3b tiny)" in proc.stderr
 
 
 def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():
