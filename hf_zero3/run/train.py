@@ -47,7 +47,7 @@ from hf_zero3.run.arguments import (
     UsageError,
     load_arguments,
 )
-from hf_zero3.run.checks import check_inputs
+from hf_zero3.run.checks import check_inputs, training_values
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -57,6 +57,7 @@ from hf_zero3.run.distributed import (
     release_engine,
 )
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
 from hf_zero3.run.preemption import PREEMPTED_EXIT
@@ -231,14 +232,15 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     from hf_zero3.data.build import build_datasets
 
-    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
+    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")),
+                          timeout_s=training_values(values)["ddp_timeout"])
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
     preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
     resume = start_point(training_args)
     if resume == FINISHED:
         return {}
-    claim(training_args.output_dir)
+    claim(training_args)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
@@ -338,6 +340,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    elif trainer.args.should_save:  # save_on_each_node: this node's copy of output_dir is finished too
+        write_finished(Path(training_args.output_dir), {
+            "global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
+            "num_train_epochs": training_args.num_train_epochs})
     release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
@@ -367,11 +373,19 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
         else:
             time.sleep(ERROR_EXIT_DELAY_S)
-        return 2
+        return USAGE_EXIT
     except (NonFiniteError, CheckpointError) as e:  # training stopped on purpose, the message says why and how on
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a collective lost a peer: one line instead of a traceback through DeepSpeed
+        if (lost := peer_lost(e)) is None:
+            raise
+        print(f"hf_zero3: rank {os.environ.get('RANK', '?')}: lost contact with {lost}: that rank's process, its "
+              f"node or the network to it stopped. Stopping (exit {PEER_LOST_EXIT}); the launcher names the node that "
+              "failed. The same command with --resume_from_checkpoint auto resumes from the newest checkpoint "
+              "complete on every node", file=sys.stderr, flush=True)
+        return PEER_LOST_EXIT
     finally:
         release_all()
     return 0
