@@ -468,52 +468,56 @@ def test_a_node_lost_mid_step_mid_save_and_cut_off_then_the_same_command_resumes
     named = f"hf_zero3.run.launch: node {nodes.hosts[1]} failed: exit "
     timings = {}
 
-    shared_only = subprocess.run([c for c in command if c not in ("--save_on_each_node", "true")], cwd=ROOT,
-                                 env={**env, "MASTER_PORT": str(free_port())}, capture_output=True, text=True,
-                                 timeout=600)
-    assert shared_only.returncode == 2, explain(shared_only)
-    error_naming(shared_only.stderr, "on each node's own disk", "--save_on_each_node true")
-    assert all(not list(d.iterdir()) for d in disks)  # refused before anything was written
-
-    killed = _lose_node_1(command, env, tmp_path / "1.log", lambda: marked(2), kill)
-    assert killed.code != 0 and f"{named}247, a rank there was killed by SIGKILL" in killed.text, killed.text[-4000:]
-    assert f"{nodes.hosts[0]} exit {PEER_LOST_EXIT}: its ranks lost a peer" in killed.text
-    assert f"lost contact with the rank at {nodes.hosts[1]}" in killed.text  # node 0's rank, in one line
-    assert killed.peers_gone_s < 30 and killed.launcher_s < 40, (killed.peers_gone_s, killed.launcher_s)
-    timings["kill mid-step"] = killed
-
-    saving = _lose_node_1(command, env, tmp_path / "2.log",
-                          lambda: (disks[1] / "checkpoint-4" / ckpt.SAVING).is_file(), kill)
-    assert f"{named}247" in saving.text and saving.peers_gone_s < 30, saving.text[-4000:]
-    assert not any((d / "checkpoint-4" / ckpt.MARKER).exists() for d in disks)  # killed before any copy counted
-    assert all(ckpt.is_complete(d / "checkpoint-2") for d in disks)
-    timings["kill mid-save"] = saving
-
     try:
-        cut = _lose_node_1(command, env, tmp_path / "3.log", lambda: marked(4), lambda pid: nodes.cut(1))
-    finally:
-        nodes.mend(1)
-        _end_leftovers(out)  # node 1's rank, cut off, would wait ddp_timeout
-    assert f"removing {out}/checkpoint-4: its save never finished" in cut.text  # the unfinished copies, on each node
-    assert f"{named}255, ssh lost it" in cut.text, cut.text[-4000:]
-    assert "stopping the job on every node" in cut.text
-    assert cut.peers_gone_s < 2 * NODE_TIMEOUT + 45 and cut.launcher_s < 2 * NODE_TIMEOUT + 60, (
-        cut.peers_gone_s, cut.launcher_s)
-    timings["network cut mid-step"] = cut
+        shared_only = subprocess.run([c for c in command if c not in ("--save_on_each_node", "true")], cwd=ROOT,
+                                     env={**env, "MASTER_PORT": str(free_port())}, capture_output=True, text=True,
+                                     timeout=600)
+        assert shared_only.returncode == 2, explain(shared_only)
+        error_naming(shared_only.stderr, "on each node's own disk", "--save_on_each_node true")
+        assert all(not list(d.iterdir()) for d in disks)  # refused before anything was written
 
-    finished = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
-                              text=True, timeout=600)
-    assert finished.returncode == 0, explain(finished)
-    expected, got = losses_by_step(one_node), losses_by_step(disks[0])
-    assert sorted(got) == list(range(1, STEPS + 1)), got
-    assert max(abs(expected[s] - got[s]) for s in got) < 1e-5, (expected, got)
-    for disk in disks:  # each node's copy: the newest 2 complete, keep-last-N done on each, the run finished
-        assert [p.name for p in ckpt.complete_checkpoints(disk)] == ["checkpoint-4", "checkpoint-6"], disk
-        assert ckpt.read_finished(disk) is not None and (disk / "checkpoint-6" / "latest").is_file()
-    # DeepSpeed gathers the 16-bit weights on rank 0 alone: they are on node 0's disk
-    assert (disks[0] / "model.safetensors").is_file() and (disks[0] / "checkpoint-6" / "model.safetensors").is_file()
-    for name, lost in timings.items():
-        print(f"{name}: node 0's rank gone {lost.peers_gone_s:.1f} s after, the launcher {lost.launcher_s:.1f} s")
+        killed = _lose_node_1(command, env, tmp_path / "1.log", lambda: marked(2), kill)
+        assert killed.code != 0, killed.text[-4000:]
+        assert f"{named}247, a rank there was killed by SIGKILL" in killed.text, killed.text[-4000:]
+        assert f"{nodes.hosts[0]} exit {PEER_LOST_EXIT}: its ranks lost a peer" in killed.text
+        assert f"lost contact with the rank at {nodes.hosts[1]}" in killed.text  # node 0's rank, in one line
+        assert killed.peers_gone_s < 30 and killed.launcher_s < 40, (killed.peers_gone_s, killed.launcher_s)
+        timings["kill mid-step"] = killed
+
+        saving = _lose_node_1(command, env, tmp_path / "2.log",
+                              lambda: (disks[1] / "checkpoint-4" / ckpt.SAVING).is_file(), kill)
+        assert f"{named}247" in saving.text and saving.peers_gone_s < 30, saving.text[-4000:]
+        assert not any((d / "checkpoint-4" / ckpt.MARKER).exists() for d in disks)  # killed before any copy counted
+        assert all(ckpt.is_complete(d / "checkpoint-2") for d in disks)
+        timings["kill mid-save"] = saving
+
+        try:
+            cut = _lose_node_1(command, env, tmp_path / "3.log", lambda: marked(4), lambda pid: nodes.cut(1))
+        finally:
+            nodes.mend(1)
+            _end_leftovers(out)  # node 1's rank, cut off, would wait ddp_timeout
+        assert f"removing {out}/checkpoint-4: its save never finished" in cut.text  # each node's unfinished copy
+        assert f"{named}255, ssh lost it" in cut.text, cut.text[-4000:]
+        assert "stopping the job on every node" in cut.text
+        assert cut.peers_gone_s < 2 * NODE_TIMEOUT + 45 and cut.launcher_s < 2 * NODE_TIMEOUT + 60, (
+            cut.peers_gone_s, cut.launcher_s)
+        timings["network cut mid-step"] = cut
+
+        finished = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())},
+                                  capture_output=True, text=True, timeout=600)
+        assert finished.returncode == 0, explain(finished)
+        expected, got = losses_by_step(one_node), losses_by_step(disks[0])
+        assert sorted(got) == list(range(1, STEPS + 1)), got
+        assert max(abs(expected[s] - got[s]) for s in got) < 1e-5, (expected, got)
+        for disk in disks:  # each node's copy: the newest 2 complete, keep-last-N done on each, the run finished
+            assert [p.name for p in ckpt.complete_checkpoints(disk)] == ["checkpoint-4", "checkpoint-6"], disk
+            assert ckpt.read_finished(disk) is not None and (disk / "checkpoint-6" / "latest").is_file()
+        # DeepSpeed gathers the 16-bit weights on rank 0 alone: they are on node 0's disk
+        assert all((folder / "model.safetensors").is_file() for folder in (disks[0], disks[0] / "checkpoint-6"))
+        for name, lost in timings.items():
+            print(f"{name}: node 0's rank gone {lost.peers_gone_s:.1f} s after, the launcher {lost.launcher_s:.1f} s")
+    finally:
+        _end_leftovers(out)  # whatever failed, no rank of this test lives on under a node's sshd
 
 
 def test_a_rank_whose_peers_never_come_stops_after_ddp_timeout(tmp_path):
