@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run ours with these ds_config keys changed (dotted, JSON values), e.g. "
                          "persist=zero_optimization.stage3_param_persistence_threshold=100000000000")
     ap.add_argument("--only", help="passed to bench: run just these configs (comma-separated)")
+    ap.add_argument("--time-budget", type=int, default=0, help="passed to bench: start runs only while they fit in "
+                    "SECONDS; the same command with --resume continues")
+    ap.add_argument("--prepare-only", action="store_true", help="write the model config and our recipe folder (the "
+                    "planner's choice) under --work and print the folder; run nothing")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--run-timeout", type=int, default=0)
     ap.add_argument("--tag", help="name of this proof (default: <recipe>[-<layers>L])")
@@ -112,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     resume = args.resume and (work / "runs" / "bench_state.json").is_file()
     if not resume:
         scratch_run_dir(work)  # emptied only if an earlier proof made it
-        write_model_config(shape, model_dir)
-        shutil.copytree(recipe.folder, variant_dir)
+    # written again when resuming too (the same shape and choice): a bench continued on a fresh machine from the
+    # state of an earlier call finds them
+    write_model_config(shape, model_dir)
+    shutil.rmtree(variant_dir, ignore_errors=True)
+    shutil.copytree(recipe.folder, variant_dir)
     hardware = Hardware(nodes=1, gpus_per_node=args.gpus, gpu_mem=args.gpu_mem, host_ram=args.host_ram)
     liger = liger_installed() and not args.cpu
     precision = "fp32" if args.cpu else "bf16"
@@ -143,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         how = f"the planner's choice: {describe_plan(planned)}"
     # in our folder's train_args.yaml, not on the command line, so that a --variant can change them
     update_train_args(variant_dir, {"use_liger_kernel": liger, **train_args})
+    if args.prepare_only:
+        print(json.dumps({"recipe": str(variant_dir), "model": str(model_dir), "how": how}))
+        return 0
     extra = ["--model_name_or_path", "null", "--config_name", str(model_dir), "--tokenizer_name",
              str(ROOT / "assets" / "tiny" / "model"), "--train_file", str(ROOT / "assets/tiny/corpus/train.txt"),
              "--block_size", str(args.seq_len)]
@@ -165,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--breakdown"]
     if args.run_timeout:
         cmd += ["--run-timeout", str(args.run_timeout)]
+    if args.time_budget:
+        cmd += ["--time-budget", str(args.time_budget)]
     cmd += ["--", *extra]
     print("$", " ".join(cmd), flush=True)
     sampler = HostSampler(interval=0.25)
@@ -230,7 +242,7 @@ def write_variant(item: str, ours: Path, work: Path) -> str:
     shutil.copytree(ours, folder)
     config = json.loads((folder / "ds_config.json").read_text())
     train_args = {}
-    for change in changes.split(","):
+    for change in split_changes(changes):
         key, _, value = change.partition("=")
         if key.startswith("train."):
             train_args[key.removeprefix("train.")] = json.loads(value)
@@ -243,6 +255,22 @@ def write_variant(item: str, ours: Path, work: Path) -> str:
     (folder / "ds_config.json").write_text(json.dumps(config, indent=2))
     update_train_args(folder, train_args)
     return f"{name}={folder}"
+
+
+def split_changes(text: str) -> list[str]:
+    """`KEY=VALUE,KEY=VALUE` split at the commas outside JSON brackets and strings (a VALUE may be a JSON object)."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, char in enumerate(text):
+        if char == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and char in "{[":
+            depth += 1
+        elif not quoted and char in "}]":
+            depth -= 1
+        elif not quoted and depth == 0 and char == ",":
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]] if text else []
 
 
 def describe_plan(p) -> str:

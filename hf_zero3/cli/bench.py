@@ -35,9 +35,9 @@ def add_arguments(verbs) -> None:
                        help="stop a run that takes longer (reported as failed, exit 124, unless it had logged all its "
                             "steps and was only exiting); default: no limit")
     bench.add_argument("--time-budget", type=positive_int, default=0, metavar="SECONDS",
-                       help="start a run only while the time spent plus the longest run so far fits in SECONDS; the "
-                            "runs left are named and the same command with --resume continues (one bench split over "
-                            "several calls of a time-limited machine)")
+                       help="start a run only while the time spent plus its expected length (its last run, else "
+                            "the longest recorded) fits in SECONDS; the runs left are counted and the same command "
+                            "with --resume continues (one bench split over calls of a time-limited machine)")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--only", default="", metavar="NAMES",

@@ -275,8 +275,8 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     batch in the first round (`ops.baselines.Search`); later rounds run the micro batch it found.
 
     Returns the .md, the configs whose last run failed other than by a search's out-of-memory (name -> error), and
-    the runs left undone because `time_budget` (seconds, > 0) would have been passed: a run is started only while the
-    time spent plus the longest run of this call so far fits it.
+    the runs left undone because `time_budget` (seconds, > 0) would have been passed: after the first run of a call,
+    a run is started only while the time spent plus its expected length (`expected_seconds`) fits it.
 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
     (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
@@ -307,15 +307,18 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         nonlocal longest, left, count
         if str(repeat) in state["runs"].get(variant.name, {}):
             return
-        if time_budget and count and time.time() - started + longest > time_budget:
+        if time_budget and count and time.time() - started + expected_seconds(state, variant.name, longest) > \
+                time_budget:
             left += 1
             return
         count += 1
         began = time.time()
-        state["runs"].setdefault(variant.name, {})[str(repeat)] = _run_variant(
-            variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
-            f"[{position['at']}/{repeats * len(slots) + position['extra']}] {variant.name} run {repeat}")
-        longest = max(longest, time.time() - began)
+        record = _run_variant(variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
+                              f"[{position['at']}/{repeats * len(slots) + position['extra']}] {variant.name} run "
+                              f"{repeat}")
+        record["seconds"] = round(time.time() - began, 1)
+        state["runs"].setdefault(variant.name, {})[str(repeat)] = record
+        longest = max(longest, record["seconds"])
         state_path.write_text(json.dumps(state, indent=1))
         _write_state_outputs(report, meta, state, names, slots)
 
@@ -358,6 +361,16 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
         if "error" in last and not (name in searched and last.get("out_of_memory")):
             failed[name] = last["error"]
     return report, failed, left
+
+
+def expected_seconds(state: dict, name: str, longest: float) -> float:
+    """How long a run of `name` should take, for the time budget: its own last recorded run, else the longest run
+    recorded (this call's included in `longest`)."""
+    own = [r["seconds"] for _, r in sorted(state["runs"].get(name, {}).items(), key=lambda kv: int(kv[0]))
+           if r.get("seconds")]
+    if own:
+        return own[-1]
+    return max([longest, *(r.get("seconds") or 0 for runs in state["runs"].values() for r in runs.values())])
 
 
 def _run_variant(variant: Variant, repeat: int, repeats: int, gpus: int, recipe_dir: Path, work_dir: Path,

@@ -133,3 +133,26 @@ def test_every_harness_script_parses_and_bench_names_the_recipes_it_runs():
     proc = subprocess.run(["bash", "benchmarks/bench.sh", "/nonexistent/out"], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "RECIPE": "13b", "CHECK_ONLY": "1"})
     assert proc.returncode == 2 and "RECIPE=13b" in proc.stderr and "RECIPE=tiny" in proc.stderr, proc.stderr
+
+
+def test_a_variant_value_may_be_a_json_object_with_commas():
+    """gpu_speed_7b.sh's rc_flce sets Liger's kernels one by one: the changes split at the commas between keys only."""
+    split = _load("recipe_proof").split_changes
+    assert split('train.regional_compile=true,train.liger_kernel_config={"rms_norm":false,"rope":false},a.b=[1,2]') == [
+        "train.regional_compile=true", 'train.liger_kernel_config={"rms_norm":false,"rope":false}', "a.b=[1,2]"]
+    assert split('x="a,b",y=1') == ['x="a,b"', "y=1"] and split("") == []
+
+
+def test_the_step_profile_sorts_kernels_into_categories_and_overlaps_count_once():
+    profile = _load("step_profile")
+    assert profile.busy_time([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # two streams overlapping, then a gap
+    names = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "matmul",
+             "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN": "matmul",
+             "pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits<128, 64, 128>>": "attention",
+             "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "collectives",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...FusedAdamMathFunctor>": "optimizer",
+             "_fused_linear_cross_entropy_kernel liger_cross_entropy_kernel": "loss",
+             "_rms_norm_backward_kernel": "norms", "triton_poi_fused_add_mul_silu_0": "norms",
+             "Memcpy DtoH (Device -> Pinned)": "copies", "aten::mm": "matmul", "cudaLaunchKernel": "other"}
+    for name, expected in names.items():
+        assert profile.category(name).startswith(expected), (name, profile.category(name))
