@@ -3,7 +3,7 @@ peak GPU memory, each variant a real run in its own process (fresh CUDA context)
 
 Variants (same model, data, sequence length, global batch, steps):
   lora         hf_zero3 train with `peft:` (r RANK, alpha 2 x RANK, dropout 0.05, all-linear), the planner's choice
-               for the LoRA run (`choose(..., trainable=adapter)`: on one H200 it is ZeRO-2)
+               for the LoRA run (`choose(..., adapter=...)`: on one H200 it is ZeRO-2)
   lora_zero3   the same on the planner's best ZeRO-3 option (the path multi-GPU LoRA takes); it also saves once at
                the last step: the checkpoint's adapter is verified on the GPU and exported (`hf-zero3 export`)
   full         hf_zero3 train, every weight trains, the planner's choice (on one H200: ZeRO-3 + partial CPU offload)
@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 VARIANTS = ("lora", "lora_zero3", "full", "stock_peft", "stock_peft_nockpt")
+DROPOUT = 0.05
+"""The adapter's dropout in every LoRA variant (ours and the stock ones)."""
 DATA = {"tokenizer": "assets/tiny/model", "train_file": "assets/tiny/corpus/train.txt"}
 
 
@@ -127,7 +129,7 @@ def run_stock(spec: dict) -> int:
     train = ids.map(blocks, batched=True, batch_size=1000, remove_columns=ids.column_names)
     model = AutoModelForCausalLM.from_pretrained(spec["weights"], dtype=torch.bfloat16, attn_implementation="sdpa")
     model.config.use_cache = False
-    model = get_peft_model(model, LoraConfig(r=spec["rank"], lora_alpha=2 * spec["rank"], lora_dropout=0.05,
+    model = get_peft_model(model, LoraConfig(r=spec["rank"], lora_alpha=2 * spec["rank"], lora_dropout=DROPOUT,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
     timer = step_timer(Path(spec["result"]), spec["tokens_per_step"], spec["warmup"])
     Trainer(model=model, args=args, train_dataset=train, data_collator=default_data_collator,
@@ -157,14 +159,14 @@ def planned(args, lora: bool, stage3: bool = False):
     """(ds_config, training overrides, label, planned GPU GB) of the planner's choice for this run."""
     from hf_zero3.config.build import build_ds_config, training_args_overrides
     from hf_zero3.plan.choose import choose, cost_key
-    from hf_zero3.plan.lora import adapter_params
+    from hf_zero3.plan.lora import adapter
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
 
     shape = load_shape(str(args.model_config))
     hardware = get(args.hardware).hardware(1, 0.0, None)
-    trainable = adapter_params(shape, args.rank) if lora else None
-    choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, trainable=trainable,
+    lora_adapter = adapter(shape, args.rank, "all-linear", DROPOUT) if lora else None
+    choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, adapter=lora_adapter,
                     liger=args.liger)
     best = choice.plan
     if stage3:
@@ -187,7 +189,7 @@ def ours_argv(args, work: Path, name: str, ds_path: Path, overrides: dict, lora:
     argv += ["--save_strategy", "steps", "--save_steps", str(args.steps)] if name == "lora_zero3" else \
         ["--save_strategy", "no"]
     if lora:
-        argv += ["--peft", json.dumps({"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.05,
+        argv += ["--peft", json.dumps({"r": args.rank, "alpha": 2 * args.rank, "dropout": DROPOUT,
                                        "target_modules": "all-linear"})]
     for key, value in overrides.items():
         argv += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value).lower()
@@ -230,7 +232,7 @@ def report(args, results: dict, configs: dict) -> str:
              "", f"Command: `{' '.join(sys.argv)}`", "",
              f"Random weights of the shape (no download), sequence {args.seq_len}, global batch {args.global_batch} "
              f"sequences, {args.steps} steps, medians after {args.warmup} warm-up steps; LoRA r {args.rank}, alpha "
-             f"{2 * args.rank}, dropout 0.05, all-linear. Versions: "
+             f"{2 * args.rank}, dropout {DROPOUT}, all-linear. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".", "",
              "| variant | config | trainable params | tokens/s/GPU | peak alloc GiB | peak reserved GiB | planned GB |",
              "|---|---|---|---|---|---|---|"]

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hf_zero3.plan.types import Adapter
+
 ALL_LINEAR = "all-linear"
 """peft's name for every linear layer of the decoder (the output layer, lm_head, excepted)."""
 
@@ -131,6 +133,19 @@ def trainable_params(model) -> int | None:
     if not hasattr(model, "peft_config"):
         return None
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+
+
+def planned_adapter(model):
+    """The adapter of a peft model as the planner counts it (`plan.types.Adapter`): its parameters, rank, the layers
+    it adapts (the last name part of each module peft gave an adapter) and whether its dropout is on; None for
+    another model."""
+    params = trainable_params(model)
+    if params is None:
+        return None
+    config = model.peft_config["default"]
+    targets = tuple(sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                            if hasattr(module, "lora_A")}))
+    return Adapter(params, config.r, targets, config.lora_dropout > 0)
 
 
 def describe(model) -> str:

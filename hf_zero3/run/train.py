@@ -137,15 +137,14 @@ def _banner(trainer) -> str:
             f"{facts.precision} | device {args.device}")
 
 
-def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
-                 trainable: int | None = None) -> None:
+def _explain_oom(error: BaseException, model_config, training_args, seq_len: int, adapter=None) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
-    `trainable`: a LoRA run's adapter parameters."""
+    `adapter`: a LoRA run's adapter (`run.lora.planned_adapter`)."""
     kind = oom_kind(error)
     if kind is None:
         return
     try:
-        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", trainable=trainable)
+        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", adapter=adapter)
     except Exception as planner_error:  # noqa: BLE001 -- never hide the OOM behind a planner problem
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
@@ -276,7 +275,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
+        _explain_oom(error, model.config, training_args, data_args.block_size, lora.planned_adapter(model))
         raise
     if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
         stopped = preemption.outcome(training_args.output_dir)
