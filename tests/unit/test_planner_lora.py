@@ -127,8 +127,9 @@ def _measured_configs():
     shape = load_shape("8b")
     lora = adapter(shape, 16, "all-linear", 0.05)
     choice = choose(shape, get("h200x1").hardware(1, 0.0, None), 4096, global_batch=16, adapter=lora, liger=True)
-    micro4 = {p.spec.stage: p for p in choice.tried if p.training.micro_batch == 4 and not p.spec.activation_checkpointing
-              and p.spec.offload_optimizer.device == "none" and p.spec.gather_16bit_weights_on_save}
+    micro4 = {p.spec.stage: p for p in choice.tried if p.training.micro_batch == 4
+              and not p.spec.activation_checkpointing and p.spec.offload_optimizer.device == "none"
+              and p.spec.gather_16bit_weights_on_save}
     return choice, micro4
 
 
@@ -161,6 +162,31 @@ def test_the_figures_pinned_above_are_the_runs_raw_records():
     assert "Tried to allocate 896.00 MiB" in log and "Of the allocated memory 137.31 GiB is allocated by PyTorch" in log
     rows = {r["variant"]: r for r in map(json.loads, (folder / "lora_bench.jsonl").read_text().splitlines())}
     assert round(rows["lora_zero3"]["config"]["planned_gb"], 1) == 112.9 and rows["lora_zero3"]["rc"] == 1
+
+
+def test_plan_lora_rank_chooses_plain_zero3_where_the_full_fine_tune_needs_offload(capsys):
+    assert main(["plan", "--model", "70b", "--hardware", "p4d.24xlarge", "--seq-len", "4096", "--lora-rank", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "choice    ZeRO-3 + checkpointing: micro batch 1" in out
+    assert "the final adapter 0.4 GB" in out
+    assert main(["plan", "--model", "70b", "--hardware", "p4d.24xlarge", "--seq-len", "4096"]) == 0
+    assert "choice    ZeRO-3 + offload optimizer" in capsys.readouterr().out
+
+
+def test_plan_lora_dropout_0_keeps_no_dropped_out_copies(capsys):
+    """`--lora-dropout 0`: at ZeRO-2 each adapter keeps the very input its frozen layer reads (no copy, no mask), and
+    the inputs torch would drop stay kept: per token and layer 139,400 + 7 x 2 x 16 B instead of 211,304 B."""
+    import json
+
+    args = ["plan", "--model", "8b", "--hardware", "h200x1", "--global-batch", "16", "--micro-batch", "4",
+            "--lora-rank", "16", "--liger", "--json"]
+    allocated = []
+    for extra in ([], ["--lora-dropout", "0"]):
+        assert main([*args, *extra]) == 0
+        choice = json.loads(capsys.readouterr().out)["choice"]
+        assert (choice["stage"], choice["micro_batch"]) == (2, 4)
+        allocated.append(choice["gpu_allocated_bytes"])
+    assert allocated[0] - allocated[1] == 4 * 4096 * 32 * (211_304 - 139_400 - 7 * 2 * 16)
 
 
 def test_the_oom_advice_of_a_lora_run_reads_the_config_accelerate_rewrote_and_plans_the_adapter():
