@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -523,8 +524,6 @@ before it, with the warmup steps as they are (0 by default)."""
 
 
 def _version(package: str) -> tuple[int, ...]:
-    from importlib.metadata import version
-
     return tuple(int(part) for part in version(package).split("+")[0].split(".")[:3] if part.isdigit())
 
 

@@ -14,11 +14,15 @@ from hf_zero3.plan.types import Adapter, PlanError
 ALL_LINEAR = "all-linear"
 
 
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of one decoder layer the planner knows (Llama family; lm_head is not adapted)."""
+
+
 def linear_layers(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """{name: (inputs, outputs)} of each linear layer of one decoder layer (Llama family; lm_head is not adapted)."""
+    """{name: (inputs, outputs)} of each of the LINEAR_LAYERS of one decoder layer."""
     h, q, kv, ffn = shape.hidden, shape.q_dim, shape.kv_dim, shape.ffn
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
+    widths = ((h, q), (h, kv), (h, kv), (q, h), (h, ffn), (h, ffn), (ffn, h))
+    return dict(zip(LINEAR_LAYERS, widths, strict=True))
 
 
 def target_names(shape: ModelShape, targets: str | list[str] | tuple[str, ...] = ALL_LINEAR) -> tuple[str, ...]:

@@ -11,10 +11,13 @@ checked: hf_zero3/callbacks/adapter_check.py; export and merge: hf_zero3/checkpo
 from __future__ import annotations
 
 import difflib
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hf_zero3.plan.lora import LINEAR_LAYERS
 from hf_zero3.plan.types import Adapter
 
 ALL_LINEAR = "all-linear"
@@ -88,10 +91,6 @@ def torchao_conflict(installed: dict[str, str] | None = None) -> tuple[str, str]
     """(what fails, the fix) when the installed peft and torchao (or `installed`: {"peft": version, "torchao":
     version}) are a pair peft's LoRA fails with (package metadata only: nothing is imported); None when they work
     together or either is absent."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     try:
         installed = installed or {name: version(name) for name in ("peft", "torchao")}
     except PackageNotFoundError:
@@ -113,8 +112,6 @@ def torchao_problem(installed: dict[str, str] | None = None) -> str | None:
 def import_failure(error: ImportError) -> str:
     """An ImportError raised inside peft as the message a user acts on: the versions of peft and torchao (which peft
     imports when it is installed) and the fix."""
-    from importlib.metadata import PackageNotFoundError, version
-
     if known := torchao_problem():
         return known
     found = {}
@@ -205,8 +202,8 @@ def planned_adapter(model):
     if params is None:
         return None
     config = model.peft_config["default"]
-    targets = tuple(sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                            if hasattr(module, "lora_A")}))
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    targets = tuple(n for n in LINEAR_LAYERS if n in adapted)  # the layers the planner knows (PlanError if none)
     return Adapter(params, config.r, targets, config.lora_dropout > 0)
 
 

@@ -39,6 +39,7 @@ from hf_zero3.checkpoint.lifecycle import (
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
+from hf_zero3.plan.types import Adapter
 from hf_zero3.run import activation_offload, experts, lora
 from hf_zero3.run.arguments import (
     ArgumentParser,
@@ -137,7 +138,8 @@ def _banner(trainer) -> str:
             f"{facts.precision} | device {args.device}")
 
 
-def _explain_oom(error: BaseException, model_config, training_args, seq_len: int, adapter=None) -> None:
+def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
+                 adapter: Adapter | None = None) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
     `adapter`: a LoRA run's adapter (`run.lora.planned_adapter`)."""
     kind = oom_kind(error)
