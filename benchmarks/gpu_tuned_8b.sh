@@ -4,7 +4,9 @@
 # batch 12 x 4096 tokens for every config, 3 runs of each, interleaved:
 #   ours         recipe 8b v2 (written again from v1 or v2: the recipe's ZeRO-3 config + Liger, micro 3 x 2)
 #   zero2_liger  candidate: ds_configs/zero2.json (the generator's ZeRO-2) + Liger, micro 2 x accumulation 3
-#   stock_tuned, zero2_tuned, fsdp2_tuned   stock HF by hand (hf_zero3/bench.py: TUNED_MICRO_BATCH)
+#   stock_tuned, zero2_tuned, fsdp2_tuned   stock HF by hand: since the baselines became the competent user's
+#     (hf_zero3/ops/baselines.py: Liger on, checkpointing off and on, micro batch searched), the settings below are the
+#     report's micro batches without checkpointing, as search starts; add --tuned NAME=M+ckpt for the other half
 # Both candidates are written from recipes/8b and the generator, so the winner becomes the recipe unchanged.
 # A call cut short is continued with --resume and the same WORK_DIR (same machine).
 # Usage: bash benchmarks/gpu_tuned_8b.sh [OUT_DIR [WORK_DIR [--resume]]]
@@ -53,7 +55,7 @@ for name, spec, micro, accum in (("8b-zero3-liger", RECIPE_CONFIGS["8b"], 3, 2),
 PY
 python3 -m hf_zero3 bench outputs/recipes/8b-zero3-liger --label llama3-8b --suffix tuned \
   --steps 4 --warmup 1 --repeats 3 --run-timeout 240 \
-  --against stock_tuned,zero2_tuned,fsdp2_tuned --gpus "${GPUS:-2}" \
+  --against stock_tuned,zero2_tuned,fsdp2_tuned --tuned stock_tuned=2 --tuned zero2_tuned=1 --tuned fsdp2_tuned=2 --gpus "${GPUS:-2}" \
   $([ "${ZERO2_LIGER:-1}" = 0 ] || echo --variant "$z2_name=outputs/recipes/8b-zero2-liger") \
   --out "$out" --work-dir "$work" "$@" -- \
   --model_name_or_path null --config_name outputs/llama3-8b --tokenizer_name assets/tiny/model \

@@ -47,7 +47,7 @@ DATA = {"tokenizer": "assets/tiny/model", "train_file": "assets/tiny/corpus/trai
 
 def _stock_zero3() -> dict:
     """transformers' ZeRO-3 template without its scheduler block: the Trainer's SCHEDULE applies, as in ours."""
-    from hf_zero3.ops.bench import STOCK_ZERO3
+    from hf_zero3.ops.baselines import STOCK_ZERO3
 
     return {k: v for k, v in STOCK_ZERO3.items() if k != "scheduler"}
 

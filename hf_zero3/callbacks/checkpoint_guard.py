@@ -15,8 +15,9 @@ from hf_zero3.callbacks._console import say
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.plan.hardware import gpu_name, versions
 from hf_zero3.plan.saves import SaveSize, save_size
-from hf_zero3.run.distributed import gather_from_ranks, local_world_size
+from hf_zero3.run.distributed import fail_together, gather_from_ranks, local_world_size
 from hf_zero3.run.facts import ds_config_of
+from hf_zero3.run.storage import node_writer
 
 
 class CheckpointGuardCallback(TrainerCallback):
@@ -58,9 +59,11 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"TrainingArguments.save_total_limit={args.save_total_limit} would let the Trainer delete "
                 "checkpoints by folder name, complete or not: set it to None and pass "
                 "CheckpointGuardCallback(save_total_limit=...) instead (hf-zero3 train does this for you)")
-        if state.is_world_process_zero:
-            ckpt.claim_output_dir(args.output_dir)  # our saves carry its run id: only they are ever deleted
-        gather_from_ranks({})  # the claim is on disk before any rank classifies folders
+        run_id = ckpt.claim_output_dir(args.output_dir) if state.is_world_process_zero else None
+        run_id = gather_from_ranks({"id": run_id})[0]["id"]  # our saves carry its run id: only they are ever deleted
+        if args.should_save and not state.is_world_process_zero:  # a node's own copy (save_on_each_node)
+            ckpt.claim_output_dir(args.output_dir, run_id)
+        gather_from_ranks({})  # the claims are on disk before any rank classifies folders
         every = state.save_steps if args.save_strategy == "steps" and state.save_steps else None
         mine = [] if args.save_strategy == "no" else ckpt.save_collisions(
             args.output_dir, state.global_step, state.max_steps, every)
@@ -193,7 +196,7 @@ class CheckpointGuardCallback(TrainerCallback):
                 f"checkpoint is {newest}. Free space (or lower save_total_limit, or move output_dir), then resume "
                 "with --resume_from_checkpoint auto")
         unwritable = None
-        if state.is_world_process_zero:  # only after every rank looked at the folder: none sees a half-made flag
+        if args.should_save:  # only after every rank looked at the folder: none sees a half-made flag
             try:
                 if there is not None and there.kind == "unfinished":  # our own killed attempt at this step
                     ckpt.remove_checkpoint(folder)
@@ -209,24 +212,56 @@ class CheckpointGuardCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         folder = ckpt.checkpoint_dir(args.output_dir, state.global_step)
+        writer = node_writer(args)
+        if args.save_on_each_node and args.deepspeed and args.world_size > 1:
+            _latest_on_each_node(folder, args, state)
         problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
-        if state.is_world_process_zero:
-            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args))
+        if args.should_save:  # the 16-bit weights: gathered on rank 0 alone, so on node 0 only (save_on_each_node)
+            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args) and state.is_world_process_zero)
         # each rank hashes the files it wrote (still in its page cache), all ranks at once
-        hashes = ckpt.hash_files(folder, args.process_index, args.world_size) if not problems else {}
-        records = gather_from_ranks({"problems": problems, "hashes": hashes})
+        hashes = ckpt.hash_files(folder, args.process_index, args.world_size, writer) if not problems else {}
+        records = gather_from_ranks({"problems": problems, "hashes": hashes, "writer": writer})
         problems = [p for record in records for p in record["problems"]]
         if problems:
             raise ckpt.CheckpointError(
                 f"{folder} is incomplete: {'; '.join(problems)}. It has no completion marker, so it is never "
                 f"resumed from; the newest complete checkpoint is {ckpt.newest_complete(args.output_dir)}")
         self._saving, self._foreseen = None, False
-        if not state.is_world_process_zero:
+        unwritten = None
+        if args.should_save:  # rank 0; on node-local disks each node's first rank, for its node's copy
+            try:
+                ckpt.write_marker(folder, {**_provenance(args, state, self._first_step), "sources": self.sources,
+                                           "run_id": ckpt.read_run_id(args.output_dir)},
+                                  hashes={k: v for record in records if record["writer"] == writer
+                                          for k, v in record["hashes"].items()})
+            except OSError as e:
+                unwritten = f"rank {args.process_index}: its completion marker could not be written ({e})"
+        fail_together(unwritten, ckpt.CheckpointError)  # every copy is marked before any rotation deletes one
+        everywhere = None
+        if args.save_on_each_node and args.world_size > 1:  # keep-last-N counts what is complete on every node
+            mine = sorted(ckpt.checkpoint_step(p) for p in ckpt.complete_checkpoints(args.output_dir))
+            everywhere = set.intersection(*(set(r["steps"]) for r in gather_from_ranks({"steps": mine})))
+        if not args.should_save:
             return
-        ckpt.write_marker(folder, {**_provenance(args, state, self._first_step), "sources": self.sources},
-                          hashes={k: v for record in records for k, v in record["hashes"].items()})
-        for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint):
+        for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint,
+                               everywhere=everywhere):
             say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
+
+
+def _latest_on_each_node(folder: Path, args, state) -> None:
+    """DeepSpeed writes its `latest` tag on global rank 0 only, even with use_node_local_storage; every rank reads
+    it to resume. On node-local disks (save_on_each_node) each node's first rank writes rank 0's tag into its copy."""
+    tag = None
+    if state.is_world_process_zero:
+        try:
+            tag = (folder / "latest").read_text().strip()
+        except OSError:
+            tag = None  # verify_rank_files reports it
+    tag = gather_from_ranks({"tag": tag})[0]["tag"]
+    if tag and args.should_save and not (folder / "latest").is_file():
+        tmp = folder / ".latest.tmp"
+        tmp.write_text(tag)
+        tmp.replace(folder / "latest")
 
 
 def _size(n: int) -> str:

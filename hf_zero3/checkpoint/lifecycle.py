@@ -94,20 +94,22 @@ def file_hash(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
-def file_owner(name: str, world_size: int) -> int:
-    """The rank that wrote (and so hashes and verifies) a checkpoint file: its own shards and RNG state; rank 0
-    the rest. A file of a rank beyond `world_size` (resuming on fewer ranks) goes to rank % world_size."""
+def file_owner(name: str, world_size: int, writer: int = 0) -> int:
+    """The rank that wrote (and so hashes and verifies) a checkpoint file: its own shards and RNG state; the folder's
+    `writer` the rest (rank 0; on node-local disks each node's first rank, which writes that node's copy). A file of
+    a rank beyond `world_size` (resuming on fewer ranks) goes to rank % world_size."""
     match = _RANK_FILE.search(name)
-    rank = int(match.group(1) or match.group(2)) if match else 0
-    return rank % max(world_size, 1)
+    if not match:
+        return writer
+    return int(match.group(1) or match.group(2)) % max(world_size, 1)
 
 
-def hash_files(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1) -> dict[str, str]:
+def hash_files(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1, writer: int = 0) -> dict[str, str]:
     """{relative path: checksum} of the files of `checkpoint` that `rank` owns (all files for one rank)."""
     root = Path(checkpoint)
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MARKER, SAVING))
     return {str(p.relative_to(root)): file_hash(p) for p in files
-            if file_owner(str(p.relative_to(root)), world_size) == rank}
+            if file_owner(str(p.relative_to(root)), world_size, writer) == rank}
 
 
 def weights_gathered(ds_config: dict | None) -> bool:
@@ -487,18 +489,18 @@ def is_complete(checkpoint: str | os.PathLike) -> bool:
             and not (Path(checkpoint) / FAILED).exists() and not missing_files(checkpoint, record))
 
 
-def verify_complete(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1) -> list[str]:
+def verify_complete(checkpoint: str | os.PathLike, rank: int = 0, world_size: int = 1, writer: int = 0) -> list[str]:
     """Problems with the files of a marked checkpoint that `rank` owns: missing, another size, another checksum.
 
     Every rank checks its share (together: every file, once), so a truncated or flipped shard is caught before
-    DeepSpeed opens it. Markers written before checksums are checked by size alone.
+    DeepSpeed opens it. Markers written before checksums are checked by size alone. `writer`: see `file_owner`.
     """
     record = read_marker(checkpoint)
     if record is None:
         return ["no completion marker"]
     root, problems = Path(checkpoint), []
     for name, entry in _listed(record).items():
-        if file_owner(name, world_size) != rank:
+        if file_owner(name, world_size, writer) != rank:
             continue
         path = root / name
         if not path.is_file():
@@ -559,14 +561,16 @@ def read_run_id(output_dir: str | os.PathLike) -> str | None:
         return None
 
 
-def claim_output_dir(output_dir: str | os.PathLike) -> str:
-    """The output_dir's run id, created (atomically) when this is the first run there. Rank 0 only."""
+def claim_output_dir(output_dir: str | os.PathLike, run_id: str | None = None) -> str:
+    """The output_dir's run id, created (atomically) when this is the first run there: `run_id` (the id node 0's
+    copy holds, for a node-local copy) or a new one. One rank per folder."""
     existing = read_run_id(output_dir)
     if existing is not None:
         return existing
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    _write_json(root / RUN_ID, {"run_id": uuid.uuid4().hex, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    _write_json(root / RUN_ID, {"run_id": run_id or uuid.uuid4().hex,
+                                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return read_run_id(root)
 
 
@@ -599,6 +603,8 @@ class Found:
     path: Path
     kind: str
     why: str = ""
+    ours: bool = False
+    """Written by this output_dir's run (its run id in the save flag, or in the marker): deletable when unfinished."""
 
     @property
     def step(self) -> int:
@@ -636,11 +642,11 @@ def classify(checkpoint: str | os.PathLike, run_id: str | None) -> Found:
         problems = missing_files(path, record)
         if problems:
             return Found(path, "damaged", f"marked complete, but {'; '.join(problems[:3])}")
-        return Found(path, "complete")
+        return Found(path, "complete", ours=run_id is not None and record.get("run_id") == run_id)
     saving = _saving_record(path)
     if saving is not None and run_id is not None and saving.get("run_id") == run_id \
             and saving.get("step") == checkpoint_step(path):
-        return Found(path, "unfinished", "a save of this run started there and never finished (no marker)")
+        return Found(path, "unfinished", "a save of this run started there and never finished (no marker)", True)
     if path.is_dir() and not any(path.iterdir()):
         return Found(path, "empty", "an empty folder")
     if (path / SAVING).exists():
@@ -655,24 +661,64 @@ def survey(output_dir: str | os.PathLike) -> list[Found]:
     return [classify(p, run_id) for p in list_checkpoints(output_dir)]
 
 
+def view(found: list[Found]) -> dict[str, tuple[str, str, bool]]:
+    """{folder name: (kind, why, ours)}: what one rank sees, to gather from every rank (`combine`)."""
+    return {f.path.name: (f.kind, f.why, f.ours) for f in found}
+
+
+def combine(output_dir: str | os.PathLike, views: list[dict[str, tuple[str, str, bool]]]) -> list[Found]:
+    """Every `checkpoint-N` of output_dir as all ranks together see it (`view` of each rank's `survey`), oldest
+    first, with this rank's paths. On one folder that every node shares all views are the same; on node-local
+    disks each node sees its own copy, and a checkpoint is what its copies together are:
+
+    - complete when it is complete on every node;
+    - unfinished (deletable) when each copy is this run's, complete or unfinished, or absent, and one is not
+      complete: a save that finished on some nodes only (a node lost mid-save);
+    - damaged when a copy is damaged, else foreign when a copy is foreign (neither ever deleted).
+    """
+    names = sorted({name for v in views for name in v}, key=lambda n: checkpoint_step(n))
+    found = []
+    for name in names:
+        copies = [v.get(name, ("absent", "not on this node", False)) for v in views]
+        kinds = {kind for kind, _, _ in copies}
+        path = Path(output_dir) / name
+        if kinds == {"complete"}:
+            found.append(Found(path, "complete", ours=all(ours for _, _, ours in copies)))
+        elif kinds <= {"complete", "unfinished", "absent", "empty"} \
+                and all(ours for kind, _, ours in copies if kind in ("complete", "unfinished")) \
+                and kinds & {"complete", "unfinished"}:
+            why = ("complete on some nodes only: a save that did not finish on every node" if "complete" in kinds
+                   else next(why for kind, why, _ in copies if kind == "unfinished"))
+            found.append(Found(path, "unfinished", why, True))
+        else:
+            kind = "damaged" if "damaged" in kinds else "foreign" if kinds & {"foreign", "complete", "unfinished"} \
+                else "empty"
+            why = next((why for k, why, _ in copies if k == kind), "")
+            if kind != "empty" and len(views) > 1 and kinds != {kind}:
+                why = f"on some node: {why}"
+            found.append(Found(path, kind, why))
+    return found
+
+
 def describe_found(found: list[Found]) -> str:
     """One line: each folder with why it was not resumed from."""
     return "; ".join(f"{f.path.name}: {f.why or f.kind}" for f in found)
 
 
 def rotate(output_dir: str | os.PathLike, keep: int | None,
-           protect: str | os.PathLike | None = None) -> list[Path]:
+           protect: str | os.PathLike | None = None, everywhere: set[int] | None = None) -> list[Path]:
     """Delete all but the newest `keep` complete checkpoints; returns the deleted ones.
 
     Only complete checkpoints count and only they are deleted (an unfinished save is cleaned up when the run
     resumes; a damaged or foreign folder stays where it is). `keep` < 1 is taken as 1, so the newest complete
-    checkpoint always stays; so does `protect` (the best model, if tracked). Each deletion goes through a
-    `.deleting-` rename, and leftovers of a killed rotation are finished first.
+    checkpoint always stays; so does `protect` (the best model, if tracked). `everywhere`: the steps complete on
+    every node (node-local disks): only those count. Each deletion goes through a `.deleting-` rename, and
+    leftovers of a killed rotation are finished first.
     """
     if keep is None:
         return []
     finish_deletions(output_dir)
-    complete = complete_checkpoints(output_dir)
+    complete = [p for p in complete_checkpoints(output_dir) if everywhere is None or checkpoint_step(p) in everywhere]
     keep_set = set(complete[-max(keep, 1):])
     if protect is not None:
         keep_set |= {p for p in complete if p.resolve() == Path(protect).resolve()}
@@ -695,7 +741,7 @@ class ResumePlan:
 
 
 def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: int,
-                verify: Callable[[Path], list[str]] = verify_complete) -> ResumePlan:
+                verify: Callable[[Path], list[str]] = verify_complete, found: list[Found] | None = None) -> ResumePlan:
     """The resume plan for `resume` = 'auto' or a checkpoint path.
 
     'auto' takes the newest complete checkpoint whose files all verify (`verify`: checksums; in a multi-rank
@@ -703,9 +749,10 @@ def plan_resume(output_dir: str | os.PathLike, resume: str | None, world_size: i
     foreign folder. Our unfinished saves newer than the start are deleted (the run would write into them and mix
     old and new files). Anything else stays and is listed in `skipped`. An explicit path must verify; a complete
     checkpoint newer than it is an error (resuming the older one would overwrite it), as is a checkpoint written by
-    another number of ranks without a universal copy.
+    another number of ranks without a universal copy. `found`: the folders as every rank sees them (`combine`;
+    default: this rank's `survey`).
     """
-    found = survey(output_dir)
+    found = survey(output_dir) if found is None else found
     if resume == "auto":
         target, skipped = None, []
         for item in reversed([f for f in found if f.kind == "complete"]):

@@ -18,15 +18,15 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--steps", type=positive_int, default=10, help="measured steps per variant")
     bench.add_argument("--warmup", type=int, default=3, help="steps excluded from the medians")
     bench.add_argument("--against", default="stock",
-                       help="comma-separated baselines: stock, stock_offload, fsdp2 (as documented: checkpointing on, "
-                            "the recipe's micro batch) and stock_tuned, zero2_tuned, fsdp2_tuned (tuned by hand: "
-                            "no checkpointing, the Trainer's optimizer, the largest micro batch that fits 8B on H200; "
-                            "--tuned sets them for another model)")
+                       help="comma-separated baselines: tuned (every no-code switch a competent user flips: "
+                            "stock_tuned, zero2_tuned, fsdp2_tuned and, on one GPU, plain_tuned: Liger, the Trainer's "
+                            "fused AdamW, checkpointing on and off, each at the best micro batch that fits, searched "
+                            "down on out-of-memory), one of those, or the documented setups stock, stock_offload, fsdp2 "
+                            "(checkpointing on, the recipe's micro batch, no Liger)")
     bench.add_argument("--tuned", action="append", default=[], metavar="NAME=MICRO[+ckpt]",
-                       help="a *_tuned baseline's micro batch, and +ckpt for activation checkpointing, where the 8B "
-                            "defaults do not fit, e.g. --tuned stock_tuned=4+ckpt for 13b on 2 x H200. Repeatable; "
-                            "several settings of one baseline each run (as NAME_MICRO[_ckpt]) and the report "
-                            "compares ours with the best: --tuned stock_tuned=1 --tuned stock_tuned=8+ckpt")
+                       help="a tuned baseline's settings instead of its default two (checkpointing off and on, each "
+                            "searched from the per-rank batch): this one, its search starting at MICRO, e.g. "
+                            "--tuned stock_tuned=2 --tuned stock_tuned=8+ckpt where the fit is known. Repeatable")
     bench.add_argument("--variant", action="append", default=[], metavar="NAME=FOLDER",
                        help="another recipe folder, run like ours under NAME (repeatable)")
     bench.add_argument("--repeats", type=positive_int, default=1,
@@ -34,11 +34,16 @@ def add_arguments(verbs) -> None:
     bench.add_argument("--run-timeout", type=positive_int, default=0, metavar="SECONDS",
                        help="stop a run that takes longer (reported as failed, exit 124, unless it had logged all its "
                             "steps and was only exiting); default: no limit")
+    bench.add_argument("--time-budget", type=positive_int, default=0, metavar="SECONDS",
+                       help="start a run only while the time spent plus the longest run so far fits in SECONDS; the "
+                            "runs left are named and the same command with --resume continues (one bench split over "
+                            "several calls of a time-limited machine)")
     bench.add_argument("--resume", action="store_true",
                        help="skip the runs already recorded in --work-dir (a bench cut short, continued)")
     bench.add_argument("--only", default="", metavar="NAMES",
-                       help="comma-separated configs (ours, a --variant, a baseline: all its --tuned settings, or "
-                            "one of them as NAME_MICRO[_ckpt]) to run in this call; implies "
+                       help="comma-separated configs (ours, a --variant, a baseline: all its settings, one "
+                            "setting as NAME_ckpt or NAME_nockpt, or one run as NAME_MICRO[_ckpt], without search) to "
+                            "run in this call; implies "
                             "--resume, so the others' recorded runs stay in the report (e.g. a third run of two configs)")
     bench.add_argument("--gpus", type=positive_int, help="ranks per variant (default: all GPUs, or 2 on CPU)")
     bench.add_argument("--breakdown", action="store_true",
@@ -56,14 +61,16 @@ def add_arguments(verbs) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3.ops.bench import (
+    from hf_zero3.ops.baselines import (
         BASELINES,
-        TUNED_MICRO_BATCH,
+        TUNED_SET,
+        Search,
         Tuned,
-        run_bench,
-        tuned_accumulation,
-        tuned_variants,
+        build_slots,
+        expand_against,
+        variants_of,
     )
+    from hf_zero3.ops.bench import run_bench
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.recipes import RecipeError, get
     from hf_zero3.run.arguments import load_arguments
@@ -75,10 +82,13 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     against = [a for a in args.against.split(",") if a]
-    unknown = [a for a in against if a not in BASELINES]
+    unknown = [a for a in against if a not in (TUNED_SET, *BASELINES)]
     if unknown:
-        print(f"error: unknown baseline(s) {unknown}: choose from {', '.join(BASELINES)}", file=sys.stderr)
+        print(f"error: unknown baseline(s) {unknown}: choose from {', '.join((TUNED_SET, *BASELINES))}",
+              file=sys.stderr)
         return 2
+    gpus = args.gpus or default_ranks()
+    against = expand_against(against, gpus)
     try:
         tuned = Tuned.collect(args.tuned)
     except ValueError as e:
@@ -98,13 +108,6 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         others[name] = Path(folder)
     only = frozenset(a for a in args.only.split(",") if a)
-    settings = {name: tuned_variants(name, tuned) for name in against if name in TUNED_MICRO_BATCH}
-    names = {"ours", *others, *against, *(variant for pairs in settings.values() for variant, _ in pairs)}
-    if only - names:
-        print(f"error: --only {args.only}: {sorted(only - names)} not in this bench: name ours, a --variant, a "
-              f"baseline given with --against or one of its --tuned settings ({', '.join(sorted(names))})",
-              file=sys.stderr)
-        return 2
     extra = [*args.overrides, *(["--peak_tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
     try:
         values = load_arguments([str(recipe / "train_args.yaml"), *extra])
@@ -116,14 +119,20 @@ def _bench(args: argparse.Namespace) -> int:
     if not (values.get("model_name_or_path") or values.get("config_name")):
         print("error: no model: set model_name_or_path or config_name in the recipe or after --", file=sys.stderr)
         return 2
-    gpus = args.gpus or default_ranks()
     facts = RunFacts.from_values(values)
     global_batch = facts.global_batch(gpus)
     try:
-        for variant, setting in (pair for pairs in settings.values() for pair in pairs):
-            tuned_accumulation(variant, setting, global_batch, gpus)
+        slots = build_slots(recipe, against, False, False, global_batch=global_batch, gpus=gpus, others=others,
+                            tuned=tuned)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = {"ours", *others, *against, *(v.name for v in variants_of(slots)),
+             *(s.setting for s in slots if isinstance(s, Search))}
+    if only - names:
+        print(f"error: --only {args.only}: {sorted(only - names)} not in this bench: name ours, a --variant, a "
+              f"baseline given with --against, one of its settings or runs ({', '.join(sorted(names))})",
+              file=sys.stderr)
         return 2
     label = args.label or recipe.name
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
@@ -136,17 +145,21 @@ def _bench(args: argparse.Namespace) -> int:
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit: run_bench's `finally` stops the run in flight
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        report, failed = run_bench(recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus,
-                                   out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=extra,
-                                   breakdown=args.breakdown, model_label=label, model=model,
-                                   seq_len=facts.seq_len, global_batch=global_batch,
-                                   command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=others,
-                                   resume=args.resume or bool(only), run_timeout=args.run_timeout, suffix=args.suffix,
-                                   only=only, tuned=tuned)
+        report, failed, left = run_bench(
+            recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus, out_dir=Path(args.out),
+            work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown, model_label=label, model=model,
+            seq_len=facts.seq_len, global_batch=global_batch, command="hf-zero3 " + " ".join(args.argv),
+            repeats=args.repeats, others=others, resume=args.resume or bool(only), run_timeout=args.run_timeout,
+            suffix=args.suffix, only=only, tuned=tuned, time_budget=args.time_budget)
     except ValueError as e:  # a scratch folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {report}")
+    if left:
+        print(f"bench: {left} run(s) left for the time budget ({args.time_budget} s): run the same command again "
+              f"with --resume (and the same --work-dir) to continue", flush=True)
+    else:
+        print("bench: all runs done", flush=True)
     for name, error in failed.items():
         print(f"error: variant {name} failed, so the report has no numbers for it: {error}", file=sys.stderr)
     return 1 if failed else 0

@@ -1,14 +1,14 @@
-"""`hf-zero3 bench`: our recipe and the stock baselines, one after another, on the same model, sequence
-length, global batch and GPUs; one report with tokens/s, TFLOP/s, MFU and memory side by side.
+"""`hf-zero3 bench`: our recipe and the baselines (`ops.baselines`), one after another, on the same model,
+sequence length, global batch and GPUs; one report with tokens/s, TFLOP/s, MFU and memory side by side, and ours
+against the best baseline that ran.
 
 Each variant is a real `hf_zero3.train` run in its own process group (fresh CUDA context, fresh peak
-memory), launched as a user would launch it: DeepSpeed's launcher for ZeRO, torchrun for FSDP2.
+memory), launched as a user would launch it: DeepSpeed's launcher for ZeRO, torchrun for FSDP2 and the plain Trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
 import json
 import os
@@ -18,181 +18,27 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hf_zero3.checkpoint.export import claim_staging, mark_staging
 from hf_zero3.checkpoint.lifecycle import CheckpointError
-from hf_zero3.config import batch
+from hf_zero3.ops.baselines import (
+    BASELINES,
+    Search,
+    Tuned,
+    Variant,
+    build_slots,
+    search_state,
+    selected,
+    variants_of,
+)
 from hf_zero3.plan.hardware import gpu_count, gpu_name
 from hf_zero3.plan.hardware import versions as package_versions
 from hf_zero3.run.distributed import cuda_available, free_port
+from hf_zero3.run.oom import oom_in_log
 from hf_zero3.run.plots import plot_runs
 from hf_zero3.units import current_names
-
-STOCK_ZERO3 = {
-    # transformers' documented ZeRO-3 template ("auto" everywhere the Trainer fills), DeepSpeed's AdamW and
-    # WarmupLR, no offload; `stock_offload` is the same template with its CPU offload of params and optimizer.
-    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
-             "hysteresis": 2, "min_loss_scale": 1},
-    "bf16": {"enabled": "auto"},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                 "warmup_num_steps": "auto"}},
-    "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
-                          "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                          "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
-                          "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
-}
-STOCK_ZERO2 = {
-    # transformers' documented ZeRO-2 template without its CPU offload, optimizer and scheduler blocks.
-    "fp16": STOCK_ZERO3["fp16"], "bf16": {"enabled": "auto"},
-    "zero_optimization": {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
-                          "reduce_scatter": True, "reduce_bucket_size": "auto", "contiguous_gradients": True},
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
-}
-TUNED_MICRO_BATCH = {"stock_tuned": 2, "zero2_tuned": 1, "fsdp2_tuned": 2}
-"""What a user tuning stock HF by hand runs (the `*_tuned` baselines): the stock template, the Trainer's default
-optimizer (fused torch AdamW), no DeepSpeed scheduler, no activation checkpointing, no Liger, and the largest
-micro batch that fits Llama-3-8B at sequence 4096 on 2 x H200 without checkpointing (measured: stock ZeRO-3 2,
-FSDP2 2 at 106.9 GiB; ZeRO-2 1 at 100.5 GiB, 2 is predicted over 140 GiB). The accumulation follows from the
-recipe's global batch, so every variant trains the same tokens per step."""
-BASELINES = ("stock", "stock_offload", "fsdp2", *TUNED_MICRO_BATCH)
-FSDP2_CONFIG = {"fsdp_version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                "activation_checkpointing": True}
-
-
-@dataclass
-class Variant:
-    """One benchmarked configuration: a name, the launcher, and the train overrides that define it."""
-
-    name: str
-    launcher: str  # "deepspeed" or "torchrun"
-    overrides: list[str] = field(default_factory=list)
-    ds_config: dict | None = None
-    recipe_dir: Path | None = None
-    """Whose train_args.yaml it starts from: the benchmarked recipe's unless set (`--variant NAME=DIR`)."""
-    baseline: str = ""
-    """The `*_tuned` baseline it is one setting of (the report names the best of several)."""
-
-
-@dataclass(frozen=True)
-class Tuned:
-    """How a `*_tuned` baseline runs: its micro batch and whether it checkpoints activations. The defaults
-    (TUNED_MICRO_BATCH, no checkpointing) are what fits Llama-3-8B on 2 x H200; another model or GPU gets its own with
-    `hf-zero3 bench --tuned NAME=MICRO[+ckpt]` (e.g. 13b on 2 x H200 fits stock ZeRO-3 only with checkpointing).
-    Given twice or more for one baseline, each setting runs: "tuned by hand" means the better of checkpointing on and
-    off, each at its largest micro batch (on one H200 a 7B's stock ZeRO-3 ran 1.29-1.35x faster with checkpointing
-    at micro 4-8 than without it at micro 1; benchmarks study ckpt-micro-7b-1gpu)."""
-
-    micro: int
-    checkpointing: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> tuple[str, Tuned]:
-        name, _, rest = text.partition("=")
-        micro, plus, flag = rest.partition("+")
-        if name not in TUNED_MICRO_BATCH or not micro.isdigit() or int(micro) < 1 or (plus and flag != "ckpt"):
-            raise ValueError(f"--tuned {text}: give NAME=MICRO or NAME=MICRO+ckpt with NAME one of "
-                             f"{', '.join(TUNED_MICRO_BATCH)}, e.g. stock_tuned=4+ckpt")
-        return name, cls(int(micro), bool(plus))
-
-    @staticmethod
-    def collect(items: list[str]) -> dict[str, list[Tuned]]:
-        """`--tuned` values by baseline, in the order given; a setting given twice runs once."""
-        tuned: dict[str, list[Tuned]] = {}
-        for item in items:
-            name, setting = Tuned.parse(item)
-            if setting not in tuned.setdefault(name, []):
-                tuned[name].append(setting)
-        return tuned
-
-
-def tuned_variants(name: str, tuned: dict[str, list[Tuned]] | None) -> list[tuple[str, Tuned]]:
-    """(variant name, setting) of a `*_tuned` baseline: its own name for one setting, NAME_MICRO[_ckpt] for several."""
-    settings = (tuned or {}).get(name) or [Tuned(TUNED_MICRO_BATCH[name])]
-    if len(settings) == 1:
-        return [(name, settings[0])]
-    return [(f"{name}_{s.micro}{'_ckpt' if s.checkpointing else ''}", s) for s in settings]
-
-
-def tuned_accumulation(name: str, setting: Tuned, global_batch: int, gpus: int) -> int:
-    """Gradient accumulation of a `*_tuned` baseline at its micro batch for the recipe's global batch."""
-    accum = batch.accumulation(global_batch, setting.micro, gpus)
-    if accum is None:
-        raise ValueError(f"{name} runs micro batch {setting.micro} on {gpus} ranks: the global batch {global_batch} is "
-                         f"not a multiple of {setting.micro * gpus}; pick --per_device_train_batch_size/"
-                         f"--gradient_accumulation_steps so that it is")
-    return accum
-
-
-def _tuned(name: str, variant: str, setting: Tuned, global_batch: int, gpus: int) -> Variant:
-    # FSDP2 checkpoints through its own config (the Trainer's flag and FSDP's would recompute twice)
-    ckpt = setting.checkpointing and name != "fsdp2_tuned"
-    batch = ["--per_device_train_batch_size", str(setting.micro),
-             "--gradient_accumulation_steps", str(tuned_accumulation(variant, setting, global_batch, gpus)),
-             "--gradient_checkpointing", "true" if ckpt else "false", "--use_liger_kernel", "false",
-             "--optim", "adamw_torch_fused"]
-    if ckpt:
-        batch += ["--gradient_checkpointing_kwargs", '{"use_reentrant": false}']
-    if name == "fsdp2_tuned":
-        fsdp = {**FSDP2_CONFIG, "activation_checkpointing": setting.checkpointing}
-        return Variant(variant, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
-                                             "--fsdp_config", json.dumps(fsdp), *batch], baseline=name)
-    config = copy.deepcopy(STOCK_ZERO2 if name == "zero2_tuned" else STOCK_ZERO3)
-    config.pop("optimizer", None)  # the Trainer's own optimizer and scheduler
-    config.pop("scheduler", None)
-    return Variant(variant, "deepspeed", batch, ds_config=config, baseline=name)
-
-
-def baseline_groups(variants: list[Variant]) -> dict[str, list[str]]:
-    """Baselines run at several settings -> their variants' names (the report compares ours with the best)."""
-    groups: dict[str, list[str]] = {}
-    for v in variants:
-        if v.baseline:
-            groups.setdefault(v.baseline, []).append(v.name)
-    return {b: names for b, names in groups.items() if len(names) > 1}
-
-
-def build_variants(recipe_dir: Path, against: list[str], breakdown: bool, on_gpu: bool, *, global_batch: int = 0,
-                   gpus: int = 2, others: dict[str, Path] | None = None,
-                   tuned: dict[str, list[Tuned]] | None = None) -> list[Variant]:
-    """`ours` (the recipe as it is), other recipe folders run the same way, then the requested baselines."""
-    ours_config = json.loads((recipe_dir / "ds_config.json").read_text())
-    variants = [Variant("ours", "deepspeed", ds_config=ours_config)]
-    for name, folder in (others or {}).items():
-        variants.append(Variant(name, "deepspeed", ds_config=json.loads((folder / "ds_config.json").read_text()),
-                                recipe_dir=folder))
-    for name in against:
-        if name not in BASELINES:
-            raise ValueError(f"unknown baseline {name!r}: choose from {', '.join(BASELINES)}")
-        if name in TUNED_MICRO_BATCH:
-            variants += [_tuned(name, variant, setting, global_batch, gpus)
-                         for variant, setting in tuned_variants(name, tuned)]
-            continue
-        if name == "fsdp2":
-            variants.append(Variant(name, "torchrun", ["--deepspeed", "null", "--fsdp", "full_shard auto_wrap",
-                                                       "--fsdp_config", json.dumps(FSDP2_CONFIG),
-                                                       "--use_liger_kernel", "false"]))
-            continue
-        config = copy.deepcopy(STOCK_ZERO3)
-        if name == "stock_offload":
-            config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
-            config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
-        if not on_gpu:  # DeepSpeed's fused GPU Adam does not exist on CPU; torch's Adam is what runs there
-            config["optimizer"]["params"]["torch_adam"] = True
-        variants.append(Variant(name, "deepspeed", ["--gradient_checkpointing", "true", "--use_liger_kernel", "false",
-                                                    "--gradient_checkpointing_kwargs", '{"use_reentrant": false}'],
-                                ds_config=config))
-    if breakdown:
-        for variant in variants:
-            if variant.ds_config is not None:
-                variant.ds_config["wall_clock_breakdown"] = True
-    return variants
 
 
 def launch_command(variant: Variant, gpus: int, port: int, yaml_path: Path, overrides: list[str]) -> list[str]:
@@ -304,13 +150,7 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
         if name != "ours" and ours and "error" not in r and r.get("tokens_per_s_per_gpu"):
             lines.append("")
             lines.append(f"ours / {name}: {ours / r['tokens_per_s_per_gpu']:.2f}x tokens/s")
-    for baseline, names in meta.get("groups", {}).items():
-        speeds = {n: results[n]["tokens_per_s_per_gpu"] for n in names
-                  if n in results and (results[n].get("tokens_per_s_per_gpu") or 0) > 0}
-        if ours and speeds:
-            best = max(speeds, key=speeds.get)
-            lines += ["", f"ours / the best {baseline} ({best}, {speeds[best]:,.0f} tokens/s/GPU; of "
-                          f"{', '.join(names)}): {ours / speeds[best]:.2f}x tokens/s"]
+    lines += best_baseline_lines(results, meta.get("baselines", {}), ours)
     if any(len(r.get("runs", [])) > 1 for r in results.values()):
         lines += ["", "Each run (repeats interleaved: every variant once, then again):", "",
                   "| config | repeat | tokens/s/GPU | MFU | peak alloc GiB | peak reserved GiB | step s |",
@@ -330,6 +170,36 @@ def render_report(meta: dict, results: dict[str, dict]) -> str:
     for name, config in meta["configs"].items():
         lines += [f"### {name}", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
     return "\n".join(lines) + "\n"
+
+
+def best_baseline_lines(results: dict[str, dict], baselines: dict[str, str], ours: float | None) -> list[str]:
+    """The report's verdict: per baseline run at several settings its best, then the best baseline of all that ran,
+    ours against it, and every baseline run that failed, with its error (a failure is a result, never dropped)."""
+    of = {name: baselines.get(name) or (name if name in BASELINES else "") for name in results}
+    of = {name: b for name, b in of.items() if b}
+    if not of:
+        return []
+    speed = {n: results[n]["tokens_per_s_per_gpu"] for n in of
+             if "error" not in results[n] and (results[n].get("tokens_per_s_per_gpu") or 0) > 0}
+    lines = []
+    for baseline in dict.fromkeys(of.values()):
+        group = [n for n, b in of.items() if b == baseline]
+        ran = {n: speed[n] for n in group if n in speed}
+        if ours and len(group) > 1 and ran:
+            best = max(ran, key=ran.get)
+            lines += ["", f"ours / the best {baseline} ({best}, {ran[best]:,.0f} tokens/s/GPU; of "
+                          f"{', '.join(group)}): {ours / ran[best]:.2f}x tokens/s"]
+    failed = [f"{n} ({results[n]['error'].split(' (log: ')[0]})" for n in of if "error" in results[n]]
+    if speed:
+        best = max(speed, key=speed.get)
+        ratio = f"; ours / it: **{ours / speed[best]:.2f}x** tokens/s" if ours else ""
+        lines += ["", f"**The best baseline: {best}** ({speed[best]:,.0f} tokens/s/GPU, the fastest of the "
+                      f"{len(speed)} baseline configs that ran){ratio}"]
+    else:
+        lines += ["", "No baseline ran: there is no best baseline to compare with."]
+    if failed:
+        lines += ["", "Baseline runs that failed (counted as results, not dropped): " + "; ".join(failed)]
+    return lines
 
 
 def plot(path: Path, per_variant: dict[str, list[dict]], title: str = "", warmup: int = 0) -> bool:
@@ -398,17 +268,22 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
               work_dir: Path, extra: list[str], breakdown: bool, model_label: str, model: str, seq_len: int,
               global_batch: int, command: str, repeats: int = 1, others: dict[str, Path] | None = None,
               resume: bool = False, run_timeout: float = 0, suffix: str = "",
-              only: frozenset[str] = frozenset(),
-              tuned: dict[str, list[Tuned]] | None = None) -> tuple[Path, dict[str, str]]:
-    """Run every variant `repeats` times (interleaved; with `only`, just those variants) and write <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png
-    into out_dir; returns the .md and the variants whose last run failed (name -> error).
+              only: frozenset[str] = frozenset(), tuned: dict[str, list[Tuned]] | None = None,
+              time_budget: float = 0) -> tuple[Path, dict[str, str], int]:
+    """Run every config `repeats` times, interleaved (with `only`, just those), and write
+    <model>_<hardware>_<date>[_<suffix>].md/.jsonl/.png into out_dir. A tuned baseline's setting searches its micro
+    batch in the first round (`ops.baselines.Search`); later rounds run the micro batch it found.
+
+    Returns the .md, the configs whose last run failed other than by a search's out-of-memory (name -> error), and
+    the runs left undone because `time_budget` (seconds, > 0) would have been passed: a run is started only while the
+    time spent plus the longest run of this call so far fits it.
 
     The report is rewritten after each run, so a bench cut short still leaves what it measured; its state
     (work_dir/bench_state.json) lets `resume` skip the runs already done, e.g. in a second call on the same machine.
     """
     on_gpu = cuda_available()
-    variants = build_variants(recipe_dir, against, breakdown, on_gpu, global_batch=global_batch, gpus=gpus,
-                              others=others, tuned=tuned)
+    slots = build_slots(recipe_dir, against, breakdown, on_gpu, global_batch=global_batch, gpus=gpus,
+                        others=others, tuned=tuned)
     work_dir.mkdir(parents=True, exist_ok=True)
     state_path = work_dir / "bench_state.json"
     state = _read_state(state_path) if resume and state_path.exists() else {}
@@ -418,52 +293,111 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
     meta = {"title": f"{model_label} on {short_hw}: hf_zero3 vs stock ({date})", "date": date, "hardware": long_hw,
             "versions": versions(), "model": model, "seq_len": seq_len, "global_batch": global_batch,
             "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
-            "configs": {}, "groups": baseline_groups(variants)}
+            "configs": {}, "baselines": {}}
     report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
-    total = repeats * len(variants)
-    for index in range(total):
-        repeat, variant = index // len(variants) + 1, variants[index % len(variants)]
-        done = state["runs"].setdefault(variant.name, {})
-        if str(repeat) in done or (only and not {variant.name, variant.baseline} & only):  # a baseline: all its settings
-            continue
-        run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
-        scratch_run_dir(run_dir)  # the bench's own scratch run: old records must not mix in
-        overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
-                     "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
-                     "--output_dir", str(run_dir), "--overwrite_output_dir", "true", "--save_final_model", "false",
-                     *extra]
-        if variant.ds_config is not None:
-            config_path = work_dir / f"{variant.name}_ds_config.json"
-            config_path.write_text(json.dumps(variant.ds_config, indent=2))
-            overrides += ["--deepspeed", str(config_path)]
-        yaml_path = (variant.recipe_dir or recipe_dir) / "train_args.yaml"
-        cmd = launch_command(variant, gpus, free_port(), yaml_path, overrides)
-        log_path = work_dir / f"{run_dir.name}.log"
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                code = follow_run(proc, run_dir / "train_log.jsonl", warmup + steps,
-                               f"[{index + 1}/{total}] {variant.name} run {repeat}", run_timeout)
-            finally:
-                if proc.poll() is None:  # the bench itself is stopping, or the run hung
-                    stop_run(proc)
-        records = [{"repeat": repeat, **r} for r in read_jsonl(run_dir / "train_log.jsonl")]
-        if code != 0:
-            lines = log_path.read_text().strip().splitlines()
-            tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]  # train's own
-            summary = {"error": f"exit {code}: {tail[0][:160]} (log: {log_path})"}
-        else:
-            summary = summarize(records, warmup)
-        run_config = run_dir / "run_config.json"
-        config = json.loads(run_config.read_text()) if run_config.exists() else {}
-        config["command"] = shlex.join(cmd)
-        done[str(repeat)] = {"summary": summary, "records": records, "config": config}
+    names = [v.name for v in variants_of(slots)]
+    started, longest, left, count = time.time(), 0.0, 0, 0
+    position = {"at": 0, "extra": 0}  # where in the grid of repeats x configs (plus a search's further attempts)
+
+    def first_runs(search: Search) -> dict[str, dict]:
+        return {v.name: state["runs"][v.name]["1"]["summary"] for v in search.candidates
+                if "1" in state["runs"].get(v.name, {})}
+
+    def one(variant: Variant, repeat: int) -> None:
+        nonlocal longest, left, count
+        if str(repeat) in state["runs"].get(variant.name, {}):
+            return
+        if time_budget and count and time.time() - started + longest > time_budget:
+            left += 1
+            return
+        count += 1
+        began = time.time()
+        state["runs"].setdefault(variant.name, {})[str(repeat)] = _run_variant(
+            variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
+            f"[{position['at']}/{repeats * len(slots) + position['extra']}] {variant.name} run {repeat}")
+        longest = max(longest, time.time() - began)
         state_path.write_text(json.dumps(state, indent=1))
-        _write_state_outputs(report, meta, state, [v.name for v in variants])
-    _write_state_outputs(report, meta, state, [v.name for v in variants])
-    failed = {name: runs[max(runs, key=int)]['summary']['error'] for name, runs in state['runs'].items()
-              if runs and 'error' in runs[max(runs, key=int)]['summary']}
-    return report, failed
+        _write_state_outputs(report, meta, state, names, slots)
+
+    for repeat in range(1, repeats + 1):
+        for slot in slots:
+            position["at"] += 1
+            if not selected(slot, only):
+                continue
+            if isinstance(slot, Variant):
+                one(slot, repeat)
+                continue
+            named = [v for v in slot.candidates if v.name in only]
+            if named:  # `--only` named runs of this search: those, no search
+                for variant in named:
+                    one(variant, repeat)
+                continue
+            tried = 0
+            while True:
+                where, variant = search_state(slot, first_runs(slot))
+                if where == "next" and repeat == 1:
+                    if tried:  # the search goes on: one more run than the grid counts
+                        position["at"] += 1
+                        position["extra"] += 1
+                    tried += 1
+                    before = left
+                    one(variant, 1)
+                    if left > before:  # out of time: the search goes on in the next call
+                        break
+                    continue
+                if where == "found":
+                    one(variant, repeat)
+                elif where == "next":  # a later round before this call's search: it waits for the first round
+                    left += 1
+                break
+    _write_state_outputs(report, meta, state, names, slots)
+    searched = {v.name for v in variants_of(slots) if v.setting}
+    failed = {}
+    for name, runs in state["runs"].items():
+        last = runs[max(runs, key=int)]["summary"] if runs else {}
+        if "error" in last and not (name in searched and last.get("out_of_memory")):
+            failed[name] = last["error"]
+    return report, failed, left
+
+
+def _run_variant(variant: Variant, repeat: int, repeats: int, gpus: int, recipe_dir: Path, work_dir: Path,
+                 steps: int, warmup: int, extra: list[str], run_timeout: float, label: str) -> dict:
+    """One run of a variant: its summary (or its error, and whether it ran out of memory), records and config."""
+    run_dir = work_dir / (variant.name if repeats == 1 else f"{variant.name}-{repeat}")
+    scratch_run_dir(run_dir)  # the bench's own scratch run: old records must not mix in
+    overrides = ["--max_steps", str(warmup + steps), "--logging_steps", "1", "--save_strategy", "no",
+                 "--eval_strategy", "no", "--validation_file", "null", "--report_to", "none",
+                 "--output_dir", str(run_dir), "--overwrite_output_dir", "true", "--save_final_model", "false",
+                 *extra]
+    if variant.ds_config is not None:
+        config_path = work_dir / f"{variant.name}_ds_config.json"
+        config_path.write_text(json.dumps(variant.ds_config, indent=2))
+        overrides += ["--deepspeed", str(config_path)]
+    yaml_path = (variant.recipe_dir or recipe_dir) / "train_args.yaml"
+    cmd = launch_command(variant, gpus, free_port(), yaml_path, overrides)
+    log_path = work_dir / f"{run_dir.name}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = follow_run(proc, run_dir / "train_log.jsonl", warmup + steps, label, run_timeout)
+        finally:
+            if proc.poll() is None:  # the bench itself is stopping, or the run hung
+                stop_run(proc)
+    records = [{"repeat": repeat, **r} for r in read_jsonl(run_dir / "train_log.jsonl")]
+    if code != 0:
+        text = log_path.read_text()
+        lines = text.strip().splitlines()
+        tail = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:] or ["?"]  # train's own
+        summary = {"error": f"exit {code}: {tail[0][:160]} (log: {log_path})"}
+        if code != 124 and oom_in_log(text):
+            summary["out_of_memory"] = True
+            summary["error"] = f"out of memory at micro batch {variant.micro or '?'}: {summary['error']}"
+    else:
+        summary = summarize(records, warmup)
+    run_config = run_dir / "run_config.json"
+    config = json.loads(run_config.read_text()) if run_config.exists() else {}
+    config["command"] = shlex.join(cmd)
+    return {"summary": summary, "records": records, "config": config}
 
 
 def scratch_run_dir(run_dir: Path) -> None:
@@ -479,9 +413,12 @@ def scratch_run_dir(run_dir: Path) -> None:
         raise ValueError(f"{e} (it is where a run of this bench would write: pass another --work-dir)") from None
 
 
-def _write_state_outputs(report: Path, meta: dict, state: dict, names: list[str]) -> None:
+def _write_state_outputs(report: Path, meta: dict, state: dict, names: list[str],
+                         slots: list[Variant | Search] = ()) -> None:
     """The report of every run recorded in `state`: this call's variants first, then those of earlier calls."""
     names = [*names, *(n for n in state["runs"] if n not in names)]
+    state["baselines"] = meta["baselines"] = {**state.get("baselines", {}),
+                                              **{v.name: v.baseline for v in variants_of(list(slots)) if v.baseline}}
     results, per_variant = {}, {}
     for name in names:
         runs = [state["runs"][name][k] for k in sorted(state["runs"].get(name, {}), key=int)]

@@ -91,6 +91,14 @@ class TrainingArguments(transformers.TrainingArguments):
                                          "others keep their activations and skip their recompute (more memory, "
                                          "faster). Default: all layers. See "
                                          "hf_zero3/callbacks/partial_checkpointing.py."})
+    regional_compile: bool = field(
+        default=False, metadata={"help": "torch.compile each decoder layer in place (not the whole model, as "
+                                         "torch_compile does): the loss, Liger's fused cross-entropy included, stays "
+                                         "outside the compiler; works with ZeRO-3 and checkpointing. See "
+                                         "hf_zero3/run/regional_compile.py."})
+    regional_compile_backend: str = field(
+        default="inductor", metadata={"help": "torch.compile backend of regional_compile: inductor, or aot_eager / "
+                                              "eager (tracing only, no code generation)."})
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})

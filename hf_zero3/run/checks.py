@@ -134,6 +134,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     elif layers is not None and int(layers) < 1:
         problems.append(f"gradient_checkpointing_layers must be >= 1 (got {layers}): to checkpoint no layer set "
                         "gradient_checkpointing false and drop gradient_checkpointing_layers")
+    problems += _compile_problems(values)
     steps, epochs = (training_values(values)[k] for k in ("max_steps", "num_train_epochs"))
     if steps <= 0 and epochs <= 0:
         problems.append(f"nothing to train: max_steps is {steps} and num_train_epochs is {epochs}; set max_steps to "
@@ -146,6 +147,23 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     problems += lora.problems(values)
     if problems:
         raise UsageError("\n".join(problems))
+
+
+def _compile_problems(values: dict[str, Any]) -> list[str]:
+    """regional_compile against the switches it cannot go with, and its backend."""
+    from hf_zero3.run.regional_compile import BACKENDS  # torch: imported only when the option is used
+
+    if not values.get("regional_compile"):
+        return []
+    problems = []
+    if values.get("torch_compile") or values.get("torch_compile_backend") or values.get("torch_compile_mode"):
+        problems.append("regional_compile and torch_compile both compile: torch_compile the whole model (its loss "
+                        "too, which fails with Liger's fused cross-entropy), regional_compile each decoder layer; "
+                        "set one of them")
+    if values.get("regional_compile_backend", "inductor") not in BACKENDS:
+        problems.append(f"regional_compile_backend {values['regional_compile_backend']!r}: choose one of "
+                        f"{', '.join(BACKENDS)}")
+    return problems
 
 
 def _packing_problems(values: dict[str, Any]) -> list[str]:

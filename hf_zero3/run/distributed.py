@@ -64,9 +64,10 @@ def launched_world_size() -> int | None:
 
 
 def local_world_size(default: int) -> int:
-    """Ranks on this node as the launcher says: torchrun sets LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE;
-    `default` when neither does (one process, or a launcher that says nothing)."""
-    text = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    """Ranks on this node as the launcher says: DeepSpeed's launcher sets LOCAL_SIZE, torchrun LOCAL_WORLD_SIZE;
+    `default` when neither does (one process, or a launcher that says nothing). LOCAL_SIZE first: on CPU, Accelerate
+    sets LOCAL_WORLD_SIZE to 1 under DeepSpeed's launcher when the TrainingArguments are made."""
+    text = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
     return int(text) if text else default
 
 
@@ -82,8 +83,23 @@ def gather_from_ranks(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
-    """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group."""
+def fail_together(problem: str | None, error: type[Exception]) -> None:
+    """Raise `error` on every rank when any rank has a problem (all ranks call it at the same point): one rank
+    raising alone would leave the others waiting in their next collective."""
+    problems = list(dict.fromkeys(r["problem"] for r in gather_from_ranks({"problem": problem}) if r["problem"]))
+    if problems:
+        raise error("\n".join(problems))
+
+
+def prepare_process_group(on_cpu: bool, use_deepspeed: bool, timeout_s: float | None = None) -> None:
+    """Fill in single-process launcher variables and, on CPU, start DeepSpeed's gloo process group.
+
+    `timeout_s` (the run's `ddp_timeout`): how long a collective waits for a rank that does not answer before it
+    fails. The Trainer passes `ddp_timeout` on only to a process group it starts itself; the one started here
+    would otherwise wait DeepSpeed's default of 30 minutes for a node whose network is cut."""
+    from datetime import timedelta
+
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     if "WORLD_SIZE" not in os.environ:
         if any(name in os.environ for name in MPI_VARIABLES):
             import importlib.util
@@ -94,7 +110,7 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
             import deepspeed
 
             # MPI launchers set no RANK/WORLD_SIZE: DeepSpeed reads them from MPI and exports them.
-            deepspeed.init_distributed(dist_backend="gloo" if on_cpu else None, auto_mpi_discovery=True)
+            deepspeed.init_distributed(dist_backend="gloo" if on_cpu else None, auto_mpi_discovery=True, **timeout)
         elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
             raise LaunchError("srun started several tasks but no launcher set RANK/WORLD_SIZE: start one task per "
                                "node running the DeepSpeed launcher (scripts/slurm/train.sbatch) or torchrun")
@@ -115,7 +131,7 @@ def prepare_process_group(on_cpu: bool, use_deepspeed: bool) -> None:
     if use_deepspeed:
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend="gloo", **timeout)
         release_shm_buffer_names()
 
 

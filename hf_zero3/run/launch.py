@@ -39,7 +39,7 @@ from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
 from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
 from hf_zero3.plan.types import PlanError, Training
-from hf_zero3.run import lora, preemption
+from hf_zero3.run import lora, node_loss, preemption
 from hf_zero3.run.distributed import LaunchError, cuda_available, free_port
 from hf_zero3.run.facts import RunFacts
 from hf_zero3.run.hostfile import HostfileError, read_hostfile, write_hostfile
@@ -53,7 +53,7 @@ LAUNCHER_TOOLS = {"pdsh": "pdsh", "openmpi": "ompi_info"}
 """DeepSpeed's multi-node backends we support, and the program DeepSpeed looks for to use each. Not its slurm
 backend: it starts one srun task per rank with no RANK/WORLD_SIZE, which the ranks refuse; under SLURM,
 scripts/slurm/train.sbatch starts one DeepSpeed launcher per node (NO_SSH=1)."""
-FORWARDED_PREFIXES = ("HF_", "TRANSFORMERS_", "NCCL_", "TORCH_", "PYTORCH_")
+FORWARDED_PREFIXES = ("HF_", "TRANSFORMERS_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_")
 FORWARDED_NAMES = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_DEVICE_MAX_CONNECTIONS", "TOKENIZERS_PARALLELISM")
 """What `.deepspeed_env` carries to every node (HF_ covers HF_HUB_* and HF_ZERO3_*)."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -67,6 +67,8 @@ ENV_HELP = """environment:
   EXCLUDE        DeepSpeed's --exclude, same syntax
   LAUNCHER       multi-node backend: pdsh (default), openmpi (needs mpi4py); SLURM: scripts/slurm/train.sbatch
   SSH_PORT       SSH port of the other nodes (DeepSpeed's --ssh_port; default: ssh's own)
+  NODE_TIMEOUT   seconds: a node silent this long is lost (ssh's keepalive), and after a node failed the
+                 others' ranks get this long to stop before the launcher stops them (default 60; 0: off)
   NO_SSH=1       start this node's ranks only (DeepSpeed --no_ssh); run once per node with NODE_RANK
   NODE_RANK      this node's index in the hostfile (with NO_SSH=1)
   MASTER_ADDR    address of node 0 (needed with NO_SSH=1)
@@ -128,7 +130,9 @@ class Launch:
     remote_nodes: bool = False
     """DeepSpeed starts the other nodes from here (pdsh/MPI/slurm), so they need `.deepspeed_env`."""
     remote_hosts: tuple[str, ...] = ()
-    """The hostfile's hosts, where DeepSpeed's pdsh runner starts the ranks (for passing preemption signals on)."""
+    """The hosts where DeepSpeed's pdsh runner starts the ranks (for passing signals on, naming a node lost)."""
+    node_timeout: int = node_loss.DEFAULT_NODE_TIMEOUT
+    """NODE_TIMEOUT: seconds a node may be silent (ssh's keepalive), and the others' time to stop after one failed."""
 
 
 def _flag(env: Mapping[str, str], name: str, problems: list[str]) -> bool:
@@ -298,6 +302,7 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     node_rank = _node_rank(env, no_ssh, launcher, hosts_used, problems)
     port = _number(env, "MASTER_PORT", 0, problems, high=65535)
     ssh_port = _number(env, "SSH_PORT", 0, problems, high=65535)
+    node_timeout = _number(env, "NODE_TIMEOUT", node_loss.DEFAULT_NODE_TIMEOUT, problems, low=0)
     if ssh_port and no_ssh:
         problems.append("SSH_PORT is unused with NO_SSH=1 (no node is reached over SSH): unset it")
     remote = hosts_used > 1 and not no_ssh
@@ -327,8 +332,16 @@ def resolve(recipe: Path, overrides: list[str], env: Mapping[str, str], target: 
     train_argv = [_shown(recipe / "train_args.yaml"), "--deepspeed", _shown(recipe / "ds_config.json"),
                   *model_args, *overrides]
     command += [f"--master_port={port}", _shown(recipes.ROOT / "train.py"), *train_argv]
+    used: tuple[str, ...] = ()
+    if remote and pool and launcher in ("", "pdsh"):  # the hosts DeepSpeed's pdsh runner starts ranks on
+        if include or exclude:
+            from deepspeed.launcher.runner import parse_inclusion_exclusion
+
+            used = tuple(parse_inclusion_exclusion(pool, include, exclude))
+        else:
+            used = tuple(pool)[:hosts_used]
     return Launch(command, train_argv, hosts_used, gpus, world, dry_run, hostfile if pool else None,
-                  pool if write else None, remote, tuple(pool) if remote and pool and launcher in ("", "pdsh") else ())
+                  pool if write else None, remote, used, node_timeout)
 
 
 # --- files written before the launch ----------------------------------------------------------------
@@ -538,6 +551,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if launch.dry_run:
         return dry_run(launch, args.recipe, env, args.target)
     signals = preemption.signals_of_argv(launch.train_argv)
+    if launch.remote_hosts:  # pdsh: a node lost is noticed, named, and the rest stopped in bounded time
+        env = node_loss.ssh_keepalive(env, launch.node_timeout)
+        watch = node_loss.NodeWatch(grace_s=launch.node_timeout) if launch.node_timeout else None
+        return preemption.run_forwarding(launch.command, env, signals, launch.remote_hosts, watch=watch)
     if not signals:
         os.execvpe(launch.command[0], launch.command, env)
     # DeepSpeed's launcher would not pass them on

@@ -31,6 +31,17 @@ def oom_kind(error: BaseException) -> str | None:
     return None
 
 
+OOM_LOG_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "hf_zero3: out of GPU memory",
+                   "hf_zero3: out of host memory", "DefaultCPUAllocator: can't allocate memory")
+"""What a run's log holds when it ran out of memory: torch's messages and the line `hf-zero3 train` prints then."""
+
+
+def oom_in_log(text: str) -> bool:
+    """Whether a run's output (all ranks) says it ran out of GPU or host memory (`hf-zero3 bench`'s micro batch
+    search, which tries a smaller one then)."""
+    return any(marker in text for marker in OOM_LOG_MARKERS)
+
+
 def this_machine(training_args: Any) -> Hardware:
     """The machines this run trains on: its world size over the launcher's ranks per node, this node's GPUs and RAM."""
     world = int(os.environ.get("WORLD_SIZE", training_args.world_size))

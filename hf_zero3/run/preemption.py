@@ -18,6 +18,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 
 DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
@@ -28,6 +31,10 @@ PREEMPTED_EXIT = 75
 again". The same command with `--resume_from_checkpoint auto` continues. DeepSpeed's launcher and pdsh pass it on."""
 
 UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+STOP_WAIT_S = 90
+"""After the SIGTERM that stops a job whose node failed, how long DeepSpeed's runner gets to end it (its pkill over
+pdsh waits out ssh's 10 s connect timeout for a node that is gone; the per-node launchers give their ranks 30 s)
+before it is killed."""
 PER_NODE_LAUNCHER = "deepspeed.launcher.launch"
 """The module in the command line of DeepSpeed's per-node launcher: its children are the ranks."""
 
@@ -115,20 +122,37 @@ def _tell_nodes(command: Sequence[str], env: Mapping[str, str], hosts: Sequence[
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _read_stderr(child: subprocess.Popen, watch) -> threading.Thread:
+    """Pass the child's standard error on, line by line, each line also to `watch`."""
+    def copy():
+        for line in child.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            watch.feed(line)
+
+    reader = threading.Thread(target=copy, name="launcher-stderr", daemon=True)
+    reader.start()
+    return reader
+
+
 def _exit_status(returncode: int) -> int:
     """A child's status as a shell reports it: 128 + N for a child killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
 def run_forwarding(command: Sequence[str], env: Mapping[str, str], signals: Sequence[signal.Signals],
-                   remote_hosts: Sequence[str] = (), poll_s: float = 0.5) -> int:
+                   remote_hosts: Sequence[str] = (), poll_s: float = 0.5, watch=None) -> int:
     """Run DeepSpeed's launcher `command` with `signals` ignored in it, pass each of them on to the ranks, and
     return its exit status. Other signals (SIGINT, SIGHUP, a SIGTERM that is not listed) go to the launcher, which
     handles them as it would as the first process.
 
     A preemption signal is sent again to ranks that start after it (still loading, they ignore it until their
     handler is in place; a rank sees a repeated signal as one). With `remote_hosts` (DeepSpeed's pdsh runner starts
-    the ranks there over SSH) it goes to each of them through pdsh (`remote_command`), once."""
+    the ranks there over SSH) it goes to each of them through pdsh (`remote_command`), once.
+
+    `watch` (a `hf_zero3.run.node_loss.NodeWatch`) reads the launcher's standard error, which is passed on line by line;
+    when it says a node failed long enough ago, the launcher gets SIGTERM: DeepSpeed's pdsh runner then ends the
+    ranks on every node. Its summary is printed at the end."""
     import psutil
 
     signals = list(signals)
@@ -137,7 +161,11 @@ def run_forwarding(command: Sequence[str], env: Mapping[str, str], signals: Sequ
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
 
-    child = subprocess.Popen(list(command), env=dict(env), preexec_fn=ignore_in_child)
+    child = subprocess.Popen(list(command), env=dict(env), preexec_fn=ignore_in_child,
+                             **({"stderr": subprocess.PIPE, "text": True, "errors": "replace", "bufsize": 1}
+                                if watch is not None else {}))
+    reader = _read_stderr(child, watch) if watch is not None else None
+    stop_sent = 0.0
     pending: list[signal.Signals] = []
     told: set[tuple[int, int]] = set()
 
@@ -160,10 +188,22 @@ def run_forwarding(command: Sequence[str], env: Mapping[str, str], signals: Sequ
                         told.add((rank.pid, sig))
                         with contextlib.suppress(psutil.Error, OSError):  # it ended meanwhile
                             rank.send_signal(sig)
+            if watch is not None and watch.stop_due():
+                watch.stopped, stop_sent = True, time.monotonic()
+                print(f"hf_zero3.run.launch: a node failed {watch.grace_s:.0f} s ago and the others have not stopped: "
+                      "stopping the job on every node", file=sys.stderr, flush=True)
+                child.send_signal(signal.SIGTERM)  # DeepSpeed's pdsh runner: pkill on every node, then exit 1
+            elif stop_sent and time.monotonic() - stop_sent > STOP_WAIT_S:
+                child.kill()
             try:
-                return _exit_status(child.wait(timeout=poll_s))
+                status = _exit_status(child.wait(timeout=poll_s))
             except subprocess.TimeoutExpired:
                 continue
+            if reader is not None:
+                reader.join(timeout=10)
+                if summary := watch.summary(remote_hosts):
+                    print(summary, file=sys.stderr, flush=True)
+            return status
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

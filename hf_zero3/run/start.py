@@ -19,6 +19,7 @@ from hf_zero3.checkpoint.lifecycle import (
     verify_complete,
     write_finished,
 )
+from hf_zero3.run import storage
 from hf_zero3.run.arguments import UsageError
 from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
 
@@ -37,13 +38,21 @@ def barrier() -> None:
         dist.barrier()
 
 
-def verify_on_all_ranks(folder: Path) -> list[str]:
-    """Checksums of a marked checkpoint, each rank its share (all ranks call this in the same order)."""
+def verify_on_all_ranks(folder: Path, writer: int = 0) -> list[str]:
+    """Checksums of a marked checkpoint, each rank its share (all ranks call this in the same order). `writer`: the
+    rank that wrote the rest of the copy this rank sees (`storage.node_writer`)."""
     import torch.distributed as dist
 
     on = dist.is_available() and dist.is_initialized()
-    mine = verify_complete(folder, dist.get_rank() if on else 0, dist.get_world_size() if on else 1)
+    mine = verify_complete(folder, dist.get_rank() if on else 0, dist.get_world_size() if on else 1, writer)
     return [p for record in gather_from_ranks({"problems": mine}) for p in record["problems"]]
+
+
+def seen_by_all(output_dir: Path) -> list[ckpt.Found]:
+    """output_dir's checkpoint folders as every rank sees them together (`lifecycle.combine`): on node-local disks a
+    checkpoint is complete only when it is complete on every node."""
+    views = [r["view"] for r in gather_from_ranks({"view": ckpt.view(ckpt.survey(output_dir))})]
+    return ckpt.combine(output_dir, views)
 
 
 def is_finished(record: dict | None, args) -> bool:
@@ -55,13 +64,14 @@ def is_finished(record: dict | None, args) -> bool:
     return record.get("max_steps", 0) <= 0 and record.get("num_train_epochs") == args.num_train_epochs
 
 
-def finish_from(checkpoint: Path, output_dir: Path, args) -> None:
+def finish_from(checkpoint: Path, output_dir: Path, args, everywhere: set[int] | None = None) -> None:
     """The checkpoint is at (or past) max_steps but the run died before its final save: the final model is the
-    checkpoint's (the Trainer saved it with the same `save_model`); copy it, then mark the run finished.
+    checkpoint's (the Trainer saved it with the same `save_model`); copy it, then mark the run finished (on each
+    node's copy, on node-local disks). `everywhere`: the steps complete on every node, for keep-last-N.
     Resuming instead would train one step past max_steps. A copy, not a hard link: the Trainer rewrites
     output_dir's files in place (trainer_state.json, the weights) when training goes on, and a link would change
     the checkpoint with them."""
-    if is_world_process_zero():
+    if args.should_save:
         for path in sorted(checkpoint.iterdir()):
             if path.is_file() and not path.name.startswith(_CHECKPOINT_INTERNALS):
                 target = output_dir / path.name
@@ -69,10 +79,12 @@ def finish_from(checkpoint: Path, output_dir: Path, args) -> None:
                 tmp.unlink(missing_ok=True)
                 shutil.copy2(path, tmp)
                 os.replace(tmp, target)
-        if not any(output_dir.glob("model*.safetensors")) and not (output_dir / ADAPTER_WEIGHTS).is_file():
+        if is_world_process_zero() and not any(output_dir.glob("model*.safetensors")) \
+                and not (output_dir / ADAPTER_WEIGHTS).is_file():
             print(f"hf_zero3: {checkpoint} holds no 16-bit weights (gathering is off): `hf-zero3 export {checkpoint} "
                   "<folder>` writes the final model", flush=True)
-        for old in rotate(output_dir, args.save_total_limit):  # the killed run may not have rotated yet
+        # the killed run may not have rotated yet
+        for old in rotate(output_dir, args.save_total_limit, everywhere=everywhere):
             print(f"hf_zero3: deleted {old} (keeping the newest {args.save_total_limit} complete)", flush=True)
         write_finished(output_dir, {"global_step": resume_step(checkpoint), "max_steps": args.max_steps,
                                     "num_train_epochs": args.num_train_epochs, "from_checkpoint": str(checkpoint)})
@@ -93,10 +105,13 @@ def start_point(args) -> str | None:
     if resume not in (None, "auto") and not Path(resume).is_dir():
         raise UsageError(f"resume_from_checkpoint {resume} is not a directory: pass a checkpoint-N folder "
                          "or 'auto' for the newest complete one in output_dir")
-    if is_world_process_zero():
+    if storage.check(args) == storage.NODE_LOCAL:
+        _same_run_on_every_node(output_dir, args)
+    if args.should_save:
         for left in ckpt.finish_deletions(output_dir):
             print(f"hf_zero3: finished deleting {left} (a rotation that was interrupted)", flush=True)
-    if resume == "auto" and is_finished(ckpt.read_finished(output_dir), args):
+    finished = is_finished(ckpt.read_finished(output_dir), args)
+    if resume == "auto" and all(r["finished"] for r in gather_from_ranks({"finished": finished})):
         if is_world_process_zero():
             record = ckpt.read_finished(output_dir)
             print(f"hf_zero3: {output_dir} already finished at step {record.get('global_step')} (final model there): "
@@ -104,8 +119,10 @@ def start_point(args) -> str | None:
         return FINISHED
     if resume is not None:
         try:
+            found = seen_by_all(output_dir)
+            writer = storage.node_writer(args)
             plan = ckpt.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
-                                    verify=verify_on_all_ranks)
+                                    verify=lambda folder: verify_on_all_ranks(folder, writer), found=found)
         except ckpt.CheckpointError as e:
             raise UsageError(str(e)) from e
         if resume == "auto" and plan.target is None and plan.skipped:
@@ -118,28 +135,34 @@ def start_point(args) -> str | None:
         target = plan.target
         if target is not None and args.max_steps > 0 and ckpt.resume_step(target) is not None \
                 and ckpt.resume_step(target) >= args.max_steps:
-            finish_from(target, output_dir, args)
+            finish_from(target, output_dir, args, {f.step for f in found if f.kind == "complete"})
             if is_world_process_zero():
                 print(f"hf_zero3: {target} is at step {ckpt.resume_step(target)} >= max_steps {args.max_steps}: "
                       f"the run is finished; its final model is in {output_dir}", flush=True)
             return FINISHED
         barrier()  # every rank has decided before rank 0 deletes anything
-        for folder in plan.delete if is_world_process_zero() else []:
-            print(f"hf_zero3: removing {folder}: its save never finished (no completion marker)", flush=True)
-            ckpt.remove_checkpoint(folder)
+        for folder in plan.delete if args.should_save else []:  # each node its copy, on node-local disks
+            if folder.exists():
+                print(f"hf_zero3: removing {folder}: its save never finished (no completion marker on every "
+                      "node)", flush=True)
+                ckpt.remove_checkpoint(folder)
         barrier()  # deletions done before any rank looks at the folder again
         start = ckpt.resume_step(target) if target is not None else 0
         if args.max_steps > 0 and args.save_strategy in ("steps", "best"):
             every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
-            if collisions := ckpt.save_collisions(output_dir, start or 0, args.max_steps, every):
+            mine = ckpt.save_collisions(output_dir, start or 0, args.max_steps, every)
+            seen = [c for r in gather_from_ranks({"c": [(f.path.name, f.why) for f in mine]}) for c in r["c"]]
+            collisions = [ckpt.Found(output_dir / name, "foreign", why) for name, why in dict(seen).items()]
+            if collisions:
                 raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
                                  f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
                                  f"({ckpt.describe_found(collisions)}). Nothing was deleted. Move "
                                  f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
                                  "command again")
         if target is not None:
-            for found in plan.failed if is_world_process_zero() else []:  # the run goes on: keep-last-N must
-                ckpt.mark_failed(found.path, found.why)                   # never count it again
+            for failed in plan.failed if args.should_save else []:  # the run goes on: keep-last-N must
+                if ckpt.read_marker(failed.path) is not None:          # never count it again
+                    ckpt.mark_failed(failed.path, failed.why)
             return str(target)
     if output_dir.is_dir() and any(p.name != ckpt.RUN_ID for p in output_dir.iterdir()) \
             and not args.overwrite_output_dir:  # only a claim: a run that stopped before training (bad input)
@@ -168,11 +191,26 @@ def start_point(args) -> str | None:
     return None
 
 
-def claim(output_dir: str) -> None:
+def _same_run_on_every_node(output_dir: Path, args) -> None:
+    """On node-local disks: every node's copy of output_dir holds this run (node 0's run id) or none yet."""
+    ids = gather_from_ranks({"rank": args.process_index, "id": ckpt.read_run_id(output_dir)})
+    other = [r for r in ids if r["id"] not in (None, ids[0]["id"])]
+    if other:
+        raise UsageError(f"output_dir {output_dir} holds another run on the node of rank {other[0]['rank']} "
+                         "than on node 0 (its hf_zero3_run.json differs): on each node's own disk, output_dir must "
+                         "hold the same run everywhere, or nothing yet. Choose another output_dir, or move that "
+                         "node's copy aside")
+
+
+def claim(args) -> None:
     """Rank 0 records that a run owns output_dir (so its unfinished saves can be told from anyone else's) and
-    that it is not finished; the other ranks wait for it."""
+    that it is not finished; on node-local disks each node's first rank writes the same run id into its copy. The
+    other ranks wait for it."""
     barrier()  # every rank has looked at output_dir before rank 0 writes into it
-    if is_world_process_zero():
-        ckpt.claim_output_dir(output_dir)
-        ckpt.clear_finished(output_dir)
+    run_id = ckpt.claim_output_dir(args.output_dir) if is_world_process_zero() else None
+    run_id = gather_from_ranks({"id": run_id})[0]["id"]
+    if args.should_save:
+        if not is_world_process_zero():
+            ckpt.claim_output_dir(args.output_dir, run_id)
+        ckpt.clear_finished(args.output_dir)
     barrier()

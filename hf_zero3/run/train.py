@@ -40,7 +40,7 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.types import Adapter
-from hf_zero3.run import activation_offload, experts, lora
+from hf_zero3.run import activation_offload, experts, lora, regional_compile
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -48,7 +48,7 @@ from hf_zero3.run.arguments import (
     UsageError,
     load_arguments,
 )
-from hf_zero3.run.checks import check_inputs
+from hf_zero3.run.checks import check_inputs, training_values
 from hf_zero3.run.distributed import (
     LaunchError,
     cuda_available,
@@ -58,6 +58,7 @@ from hf_zero3.run.distributed import (
     release_engine,
 )
 from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
 from hf_zero3.run.preemption import PREEMPTED_EXIT
@@ -173,6 +174,21 @@ def _maybe_offload_activations(model, training_args) -> None:
               flush=True)
 
 
+def _maybe_compile_regions(model, training_args) -> None:
+    """`regional_compile`: each decoder layer compiled in place (hf_zero3/run/regional_compile.py), after the Trainer
+    patched Liger's forwards in, before DeepSpeed wraps the model."""
+    if not training_args.regional_compile:
+        return
+    try:
+        layers = regional_compile.enable(model, training_args.regional_compile_backend)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if is_world_process_zero():
+        print(f"hf_zero3: regional compile on: {len(layers)} {type(layers[0]).__name__} blocks compiled in place "
+              f"(backend {training_args.regional_compile_backend}); the embedding, lm_head and loss run uncompiled",
+              flush=True)
+
+
 def _partial_checkpointing(model, training_args) -> list:
     """The callback that checkpoints only the first `gradient_checkpointing_layers` layers, checked against the
     model's layer count before anything starts; none when the option is unset."""
@@ -217,14 +233,15 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     from hf_zero3.data.build import build_datasets
 
-    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")))
+    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")),
+                          timeout_s=training_values(values)["ddp_timeout"])
     parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
     preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
     resume = start_point(training_args)
     if resume == FINISHED:
         return {}
-    claim(training_args.output_dir)
+    claim(training_args)
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
@@ -271,6 +288,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         **batching,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
+    _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
@@ -323,6 +341,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         print(_plot_line(out, model_args, training_args), flush=True)
         print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
                                                    if isinstance(v, float)}), flush=True)
+    elif trainer.args.should_save:  # save_on_each_node: this node's copy of output_dir is finished too
+        write_finished(Path(training_args.output_dir), {
+            "global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
+            "num_train_epochs": training_args.num_train_epochs})
     release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 
@@ -352,11 +374,19 @@ def main(argv: list[str] | None = None, extra_callbacks: Sequence[Any] = ()) -> 
             print("error: " + str(e).replace("\n", "\nerror: "), file=sys.stderr, flush=True)
         else:
             time.sleep(ERROR_EXIT_DELAY_S)
-        return 2
+        return USAGE_EXIT
     except (NonFiniteError, CheckpointError) as e:  # training stopped on purpose, the message says why and how on
         if is_world_process_zero():
             print(f"error: {e}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a collective lost a peer: one line instead of a traceback through DeepSpeed
+        if (lost := peer_lost(e)) is None:
+            raise
+        print(f"hf_zero3: rank {os.environ.get('RANK', '?')}: lost contact with {lost}: that rank's process, its "
+              f"node or the network to it stopped. Stopping (exit {PEER_LOST_EXIT}); the launcher names the node that "
+              "failed. The same command with --resume_from_checkpoint auto resumes from the newest checkpoint "
+              "complete on every node", file=sys.stderr, flush=True)
+        return PEER_LOST_EXIT
     finally:
         release_all()
     return 0

@@ -71,16 +71,23 @@ def test_bench_tiny_against_stock_writes_report_jsonl_and_png(tmp_path):
 
 
 def test_a_failed_variant_fails_the_bench_and_is_named(tmp_path):
-    """block_size above the model's positions: every variant's ranks refuse it; the report says so, exit 1."""
+    """block_size above the model's positions: every variant's ranks refuse it; the report says so, exit 1. A tuned
+    baseline's search stops at a failure that is not out-of-memory (no smaller micro batch is tried) and the report
+    lists it among the baseline runs that failed."""
     out = tmp_path / "benchmarks"
-    proc = bench("tiny", "--steps", "1", "--warmup", "0", "--out", out, "--work-dir", tmp_path / "work",
-                 "--", "--block_size", "100000", folder=tmp_path)
+    proc = bench("tiny", "--steps", "1", "--warmup", "0", "--against", "stock,stock_tuned", "--tuned", "stock_tuned=2",
+                 "--out", out, "--work-dir", tmp_path / "work", "--", "--block_size", "100000", folder=tmp_path)
     assert proc.returncode == 1, explain(proc)
     reason = "exit 2: error: block_size=100000 exceeds the model's max positions (512)"
     assert f"error: variant ours failed, so the report has no numbers for it: {reason}" in proc.stdout, explain(proc)
     assert f"error: variant stock failed, so the report has no numbers for it: {reason}" in proc.stdout
+    assert f"error: variant stock_tuned_2 failed, so the report has no numbers for it: {reason}" in proc.stdout
+    assert "stock_tuned_1 run" not in proc.stdout
     [report] = out.glob("tiny_cpu*_*.md")
-    assert f"| ours | failed: {reason}" in report.read_text()
+    text = report.read_text()
+    assert f"| ours | failed: {reason}" in text and "No baseline ran" in text
+    failed = text.split("Baseline runs that failed (counted as results, not dropped): ")[1].splitlines()[0]
+    assert failed.startswith(f"stock ({reason}") and f"; stock_tuned_2 ({reason}" in failed
 
 
 def _second_rank(process: psutil.Process) -> bool:
@@ -125,38 +132,53 @@ def test_bench_rejects_unknown_recipe_and_baseline(tmp_path):
     assert proc.returncode == 2 and "--only ours,fsdp2: ['fsdp2'] not in this bench" in proc.stderr
 
 
-def test_bench_tuned_baselines_then_a_resumed_second_repeat(tmp_path):
-    """The hand-tuned baselines train the recipe's global batch at their own micro batch, without checkpointing or
-    Liger; a second call with --resume and --only runs only what is missing of the configs named and reports both runs
-    of `ours` and the first of the others."""
+def test_bench_tuned_baselines_on_one_rank_then_resumed_calls_within_a_time_budget(tmp_path):
+    """The competent user's baselines on one rank (ZeRO-3, ZeRO-2, FSDP2, the plain Trainer) train the recipe's global
+    batch at the micro batch their search found, with Liger asked for and the Trainer's fused AdamW; the report names
+    the best. A second call with a time budget runs what fits and says what is left; a third runs the found micro batch
+    of a searched setting again."""
     out, work = tmp_path / "benchmarks", tmp_path / "work"
-    common = ["--steps", "2", "--warmup", "1", "--suffix", "tuned", "--out", out, "--work-dir", work, "--",
-              "--per_device_train_batch_size", "4", "--use_liger_kernel", "true"]
-    proc = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock_tuned,zero2_tuned,fsdp2_tuned",
-                *common])
+    common = ["--gpus", "1", "--steps", "2", "--warmup", "1", "--suffix", "tuned", "--out", out, "--work-dir", work,
+              "--", "--per_device_train_batch_size", "4", "--use_liger_kernel", "true"]
+    tuned = ["--against", "tuned", "--tuned", "stock_tuned=2", "--tuned", "zero2_tuned=3+ckpt",
+             "--tuned", "fsdp2_tuned=2", "--tuned", "plain_tuned=4+ckpt"]
+    proc = run(["python", "-m", "hf_zero3", "bench", "tiny", *tuned, *common])
     assert proc.returncode == 0, explain(proc)
     [report] = out.glob("tiny_cpu*_*_tuned.md")
     text = report.read_text()
-    assert all(f"| {name} | " in text for name in ("ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned"))
-    assert all(f"ours / {name}:" in text for name in ("stock_tuned", "zero2_tuned", "fsdp2_tuned"))
-    configs = {name: json.loads((work / name / "run_config.json").read_text())
-               for name in ("ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned")}
+    names = ("ours", "stock_tuned_2", "zero2_tuned_2_ckpt", "fsdp2_tuned_2", "plain_tuned_4_ckpt")
+    assert all(f"| {name} | " in text for name in names), text
+    assert "zero2_tuned_3" not in text  # 3 does not divide the per-rank batch of 4: the search starts at 2
+    assert "**The best baseline: " in text and "; ours / it: **" in text
+    configs = {name: json.loads((work / name / "run_config.json").read_text()) for name in names}
     batch = {n: (c["training"]["per_device_train_batch_size"], c["training"]["gradient_accumulation_steps"])
              for n, c in configs.items()}
-    assert batch == {"ours": (4, 1), "stock_tuned": (2, 2), "zero2_tuned": (1, 4), "fsdp2_tuned": (2, 2)}  # 8 a step
-    assert configs["zero2_tuned"]["ds_config"]["zero_optimization"]["stage"] == 2
-    assert configs["stock_tuned"]["ds_config"]["zero_optimization"]["stage"] == 3
-    assert "optimizer" not in configs["stock_tuned"]["ds_config"] and configs["fsdp2_tuned"]["ds_config"] is None
-    assert all(not c["training"]["gradient_checkpointing"] and c["training"]["optim"] == "adamw_torch_fused"
-               for c in configs.values())
-    assert "hf_zero3: use_liger_kernel needs a GPU: off on CPU" in (work / "ours.log").read_text()
+    assert batch == {"ours": (4, 1), "stock_tuned_2": (2, 2), "zero2_tuned_2_ckpt": (2, 2), "fsdp2_tuned_2": (2, 2),
+                     "plain_tuned_4_ckpt": (4, 1)}  # 4 sequences a step each
+    assert configs["stock_tuned_2"]["ds_config"]["zero_optimization"]["stage"] == 3
+    assert configs["zero2_tuned_2_ckpt"]["ds_config"]["zero_optimization"]["stage"] == 2
+    assert "optimizer" not in configs["stock_tuned_2"]["ds_config"]
+    assert configs["fsdp2_tuned_2"]["ds_config"] is None and configs["fsdp2_tuned_2"]["training"]["fsdp_config"]
+    assert configs["plain_tuned_4_ckpt"]["ds_config"] is None and not configs["plain_tuned_4_ckpt"]["training"]["fsdp"]
+    assert [n for n, c in configs.items() if c["training"]["gradient_checkpointing"]] == [
+        "zero2_tuned_2_ckpt", "plain_tuned_4_ckpt"]
+    assert all(c["training"]["optim"] == "adamw_torch_fused" for n, c in configs.items() if n != "ours")
+    for name in names:  # asked for by every variant; a CPU has no Triton kernels, so train turns it off and says so
+        assert "hf_zero3: use_liger_kernel needs a GPU: off on CPU" in (work / f"{name}.log").read_text(), name
     assert not list(work.glob("*/model*.safetensors"))  # bench runs skip the final save
 
-    again = run(["python", "-m", "hf_zero3", "bench", "tiny", "--against", "stock_tuned", "--repeats", "2", "--resume",
-                 "--only", "ours", *common])
+    again = run(["python", "-m", "hf_zero3", "bench", "tiny", *tuned, "--repeats", "2", "--resume", "--only",
+                 "ours,plain_tuned", "--time-budget", "1", *common])
     assert again.returncode == 0, explain(again)
     assert "ours run 2: exit 0" in again.stderr and "ours run 1:" not in again.stderr
-    assert "stock_tuned run" not in again.stderr and "| stock_tuned | 1 | " in report.read_text()
+    assert "plain_tuned_4_ckpt run 2" not in again.stderr
+    assert "bench: 1 run(s) left for the time budget (1 s): run the same command again with --resume" in again.stdout
+    third = run(["python", "-m", "hf_zero3", "bench", "tiny", *tuned, "--repeats", "2", "--resume", "--only",
+                 "ours,plain_tuned", *common])
+    assert third.returncode == 0, explain(third)
+    assert "plain_tuned_4_ckpt run 2: exit 0" in third.stderr and "ours run" not in third.stderr
+    assert "bench: all runs done" in third.stdout
     text = report.read_text()
-    assert "| ours | 1 | " in text and "| ours | 2 | " in text and "| 2: " in text
-    assert "--repeats 2 --resume" in text and "--against stock_tuned,zero2_tuned,fsdp2_tuned" in text
+    assert "| ours | 1 | " in text and "| ours | 2 | " in text and "| plain_tuned_4_ckpt | 2 | " in text
+    assert "| stock_tuned_2 | 1 | " in text and "| stock_tuned_2 | 2 | " not in text
+    assert "--time-budget 1" in text and "--against tuned" in text

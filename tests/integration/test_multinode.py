@@ -11,6 +11,7 @@ cluster keeps them (an ssh_config: DeepSpeed's own reachability check reads no o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,12 +28,14 @@ import pytest
 
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
+from hf_zero3.run.node_loss import PEER_LOST_EXIT
 from hf_zero3.run.preemption import PREEMPTED_EXIT
-from tests.conftest import ROOT, VENV, explain, losses, run, subprocess_env
+from tests.conftest import ROOT, VENV, error_naming, explain, losses, losses_by_step, run, subprocess_env
 
 pytestmark = pytest.mark.integration
 
-COMMON = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null"]
+STEPS = 6
+COMMON = ["--max_steps", str(STEPS), "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null"]
 
 
 def stand_in(folder: Path, name: str, body: str) -> None:
@@ -80,7 +83,7 @@ def one_node(tmp_path_factory) -> Path:
 
 def assert_same_losses_as(reference: Path, out: Path) -> None:
     expected, got = losses(reference), losses(out)
-    assert len(expected) == len(got) == 4 and expected[-1] < expected[0]
+    assert len(expected) == len(got) == STEPS and expected[-1] < expected[0]
     assert max(abs(a - b) for a, b in zip(expected, got, strict=True)) < 1e-5, list(zip(expected, got, strict=True))
 
 
@@ -161,37 +164,49 @@ def test_make_sync_sends_what_git_tracks_and_deletes_nothing_else(tmp_path):
 # --- two nodes with real sshd ----------------------------------------------------------------------------------
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-NODE_TOOLS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "pdsh": "pdsh", "rsync": "rsync"}
+NODE_TOOLS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "pdsh": "pdsh", "rsync": "rsync", "ip": "ip"}
 SSH_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
 needs_nodes = pytest.mark.skipif(
     os.geteuid() != 0 or not SSH_CONFIG_DIR.is_dir() or not all(shutil.which(t) for t in NODE_TOOLS.values()),
-    reason="real nodes need root and openssh-server, openssh-client, pdsh, rsync (.ci/run installs them)")
+    reason="real nodes need root and openssh-server, openssh-client, pdsh, rsync, iproute2 (.ci/run installs them)")
+NODE_NIC = "eth0"
+"""Each node's network interface, in its own namespace: the name gloo binds to (GLOO_SOCKET_IFNAME), as on a
+cluster whose host names resolve to a loopback address (Debian's 127.0.1.1; here 127.0.0.1)."""
 
 
 @dataclass
 class Nodes:
-    hosts: list[str]  # one loopback address per node
+    hosts: list[str]  # one address per node, each in its own network namespace
     hostfile: Path  # DeepSpeed's `host slots=1` lines
     logs: list[Path]  # each node's sshd log
+    links: list[str]  # each node's cable: the bridge side of its veth pair
+    local: Path  # a path each node sees as a folder of its own disk (`disks[i]`); others see the real folder
+    disks: list[Path]
+    ds_env: Path  # a .deepspeed_env (DS_ENV_FILE) that names the nodes' interface to gloo
 
     def accepted_logins(self, node: int) -> int:
         return self.logs[node].read_text().count("Accepted publickey for")
 
+    def cut(self, node: int) -> None:
+        """Pull node's cable: its link goes down; nothing is reset, packets to and from it are dropped."""
+        subprocess.run(["ip", "link", "set", self.links[node], "down"], check=True)
 
-def _same_free_port(addresses: list[str]) -> int:
-    """A TCP port free on every one of `addresses`, so that one --ssh_port (or ssh_config Port) serves all nodes."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind((addresses[0], 0))
-            port = first.getsockname()[1]
-            try:
-                for address in addresses[1:]:
-                    with socket.socket() as other:
-                        other.bind((address, port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no port free on all of {addresses}")
+    def mend(self, node: int) -> None:
+        subprocess.run(["ip", "link", "set", self.links[node], "up"], check=True)
+
+
+def _ip(*args: str, netns: str | None = None) -> None:
+    subprocess.run(["ip", *(["-n", netns] if netns else []), *args], check=True, capture_output=True, text=True)
+
+
+def _free_subnet() -> str:
+    """10.X.Y (X, Y random) with no address or route on this machine: test sessions running at once do not meet."""
+    taken = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    for _ in range(100):
+        prefix = f"10.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+        if f"{prefix}." not in taken:
+            return prefix
+    raise RuntimeError("no free 10.X.Y.0/24 subnet")
 
 
 def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path, timeout: float = 20) -> None:
@@ -199,6 +214,7 @@ def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path
     while time.time() < deadline:
         assert process.poll() is None, f"sshd on {address} exited {process.returncode}:\n{log.read_text()}"
         with socket.socket() as sock:
+            sock.settimeout(1)
             if sock.connect_ex((address, port)) == 0:
                 return
         time.sleep(0.05)
@@ -207,24 +223,43 @@ def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: Path
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
-    """Two nodes, 127.X.Y.2 and 127.X.Y.3 (X, Y random: test sessions running at once do not meet), each with its
-    own sshd (own host key, public-key login only, this module's client key authorized), known to ssh through a
-    drop-in ssh_config for exactly these two addresses."""
+    """Two nodes, 10.X.Y.2 and 10.X.Y.3, each in its own network namespace, its veth cable plugged into a bridge
+    that this machine reaches at 10.X.Y.1; each with its own sshd (own host key, public-key login only, this
+    module's client key authorized) and a disk of its own at `local` (a bind mount in the sshd's mount namespace:
+    what a node's processes write there, the other node does not see). Known to ssh through a drop-in ssh_config
+    for exactly these two addresses."""
     root = tmp_path_factory.mktemp("nodes")
-    prefix = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
-    hosts = [f"{prefix}.2", f"{prefix}.3"]
-    port = _same_free_port(hosts)
+    prefix = _free_subnet()
+    tag = prefix.split(".", 1)[1].replace(".", "x")
+    hosts, bridge = [f"{prefix}.2", f"{prefix}.3"], f"hfz{tag}"
+    netns = [f"hfz-{tag}-{i}" for i in range(len(hosts))]
+    links = [f"hfz{tag}n{i}" for i in range(len(hosts))]
+    port = 22  # each node has a network namespace, and so the ports, of its own
     keygen = lambda path: subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],  # noqa: E731
                                          check=True, capture_output=True)
     keygen(root / "id_ed25519")
     (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    local, disks = root / "local", [root / f"node{i}" / "disk" for i in range(len(hosts))]
+    local.mkdir()
     daemons, logs, known = [], [], []
-    drop_in = SSH_CONFIG_DIR / f"hf-zero3-test-{prefix}.conf"
+    drop_in = SSH_CONFIG_DIR / f"hf-zero3-test-{tag}.conf"
     try:
+        try:
+            _ip("link", "add", bridge, "type", "bridge")
+        except subprocess.CalledProcessError as e:
+            pytest.skip(f"no bridge device here ({e.stderr.strip()}): real nodes need network namespaces")
+        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
         for i, host in enumerate(hosts):
             node = root / f"node{i}"
-            node.mkdir()
+            disks[i].mkdir(parents=True)
+            _ip("netns", "add", netns[i])
+            _ip("link", "add", links[i], "type", "veth", "peer", "name", NODE_NIC, "netns", netns[i])
+            _ip("link", "set", links[i], "master", bridge, "up")
+            _ip("addr", "add", f"{host}/24", "dev", NODE_NIC, netns=netns[i])
+            _ip("link", "set", NODE_NIC, "up", netns=netns[i])
+            _ip("link", "set", "lo", "up", netns=netns[i])
             keygen(node / "host_key")
             (node / "sshd_config").write_text(
                 f"ListenAddress {host}:{port}\nHostKey {node / 'host_key'}\nPidFile {node / 'sshd.pid'}\n"
@@ -232,25 +267,33 @@ def nodes(tmp_path_factory):
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                 "UsePAM no\nStrictModes no\nLogLevel VERBOSE\nMaxStartups 64\nMaxSessions 64\n")
             logs.append(node / "sshd.log")
-            daemons.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(node / "sshd_config")],
-                                            stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
-            known.append(f"[{host}]:{port} {(node / 'host_key.pub').read_text().split(' ')[0]} "
-                         f"{(node / 'host_key.pub').read_text().split(' ')[1]}")
+            # `ip netns exec` gives the command a mount namespace of its own: the bind mount is this node's alone
+            daemons.append(subprocess.Popen(
+                ["ip", "netns", "exec", netns[i], "sh", "-c",
+                 f'mount --bind "{disks[i]}" "{local}" && exec "{SSHD}" -D -e -f "{node / "sshd_config"}"'],
+                stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+            key = (node / "host_key.pub").read_text().split(" ")
+            known.append(f"{host} {key[0]} {key[1]}")
         (root / "known_hosts").write_text("\n".join(known) + "\n")
         drop_in.write_text(f"Host {' '.join(hosts)}\n  Port {port}\n  IdentityFile {root / 'id_ed25519'}\n"
                            f"  IdentitiesOnly yes\n  UserKnownHostsFile {root / 'known_hosts'}\n"
                            "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-                           "  LogLevel ERROR\n")
+                           "  ConnectTimeout 10\n  LogLevel ERROR\n")
         for host, daemon, log in zip(hosts, daemons, logs, strict=True):
             _wait_for_port(host, port, daemon, log)
         hostfile = root / "hostfile"
         hostfile.write_text("".join(f"{host} slots=1\n" for host in hosts))
-        yield Nodes(hosts, hostfile, logs)
+        ds_env = root / "ds_env"
+        ds_env.write_text(f"GLOO_SOCKET_IFNAME={NODE_NIC}\n")
+        yield Nodes(hosts, hostfile, logs, links, local, disks, ds_env)
     finally:
         drop_in.unlink(missing_ok=True)
         for daemon in daemons:
             daemon.terminate()
             daemon.wait(timeout=10)
+        for name in netns:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)  # its eth0 and the veth pair go too
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 @needs_nodes
@@ -258,7 +301,8 @@ def test_doctor_reaches_both_nodes_over_ssh_and_all_reduces_across_them(nodes):
     """`hf-zero3 doctor --hostfile`: SSH, the same code and versions on each node, then an all-reduce over gloo
     whose two ranks DeepSpeed's pdsh runner starts one per node."""
     proc = run(["hf-zero3", "doctor", "--hostfile", nodes.hostfile, "--skip", "native", "--skip", "gpus",
-                "--skip", "ops", "--skip", "nvme"], timeout=300, MASTER_ADDR=nodes.hosts[0])
+                "--skip", "ops", "--skip", "nvme"], timeout=300, MASTER_ADDR=nodes.hosts[0],
+               DS_ENV_FILE=str(nodes.ds_env))
     assert proc.returncode == 0, explain(proc)
     for host in nodes.hosts:
         for check in ("ssh", "code", "versions"):
@@ -302,6 +346,7 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(on
     out = tmp_path / "two"
     env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
                          OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), HF_ZERO3_NODE_CHECK="carried",
+                         GLOO_SOCKET_IFNAME=NODE_NIC,
                          MY_OWN="not carried")
     command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--resume_from_checkpoint",
                "auto"]
@@ -335,3 +380,149 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(on
                              text=True, timeout=600)
     assert resumed.returncode == 0, explain(resumed)
     assert_same_losses_as(one_node, out)
+
+
+# --- a node lost ------------------------------------------------------------------------------------------------
+
+NODE_TIMEOUT = 5
+"""The launcher's NODE_TIMEOUT in these tests: ssh gives a silent node up after ~5 s, the other nodes get 5 s more."""
+
+
+def _node_ranks(out: Path) -> dict[int, int]:
+    """{node index: pid} of the ranks training into `out` (DeepSpeed's CROSS_RANK is a rank's node)."""
+    ranks = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
+            try:
+                ranks[int(process.environ()["CROSS_RANK"])] = process.pid
+            except (psutil.Error, KeyError, OSError):
+                pass
+    return ranks
+
+
+def _end_leftovers(out: Path) -> None:
+    """Kill what is left of a run into `out` on a node that was cut off (its launcher, its rank): processes this
+    test started, found by their command line."""
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if str(out) in " ".join(process.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+@dataclass
+class Lost:
+    text: str  # the launcher's output
+    code: int  # its exit status
+    peers_gone_s: float  # from the failure until node 0's rank was gone
+    launcher_s: float  # from the failure until the launcher exited
+
+
+def _lose_node_1(command: list[str], env: dict, log: Path, ready, fail, timeout: float = 300) -> Lost:
+    """Run `command` until `ready()` holds, then `fail()` node 1; time node 0's rank and the launcher out."""
+    with log.open("w") as sink:
+        launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, stdout=sink,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert launcher.poll() is None, f"the run ended before node 1 failed:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"not ready after {timeout} s:\n{log.read_text()[-4000:]}"
+            time.sleep(0.02)
+        ranks = _node_ranks(command[2])
+        assert sorted(ranks) == [0, 1], ranks
+        fail(ranks[1])
+        failed = time.monotonic()
+        while psutil.pid_exists(ranks[0]) and psutil.Process(ranks[0]).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - failed < 240, f"node 0's rank still runs:\n{log.read_text()[-4000:]}"
+            time.sleep(0.1)
+        peers_gone = time.monotonic() - failed
+        code = launcher.wait(timeout=240)
+        return Lost(log.read_text(), code, peers_gone, time.monotonic() - failed)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+@needs_nodes
+def test_a_node_lost_mid_step_mid_save_and_cut_off_then_the_same_command_resumes_on_node_local_disks(
+        one_node, nodes, tmp_path):
+    """Checkpoints on each node's own disk (`save_on_each_node`), one command run four times:
+
+    1. node 1's rank killed (kill -9) mid-step, after checkpoint-2: node 0's rank stops within seconds, naming the
+       peer it lost; the launcher names node 1 and the signal;
+    2. again, killed mid-save of checkpoint-4: no copy of checkpoint-4 is marked complete;
+    3. node 1's network cut mid-step, after checkpoint-4: ssh gives node 1 up after NODE_TIMEOUT, the launcher
+       names it and stops node 0 (whose collective would otherwise wait ddp_timeout, 30 min);
+    4. it finishes: each run resumed from the newest checkpoint complete on both nodes (2, 2, 4), and the losses
+       are those of 2 ranks on one node running straight through."""
+    out = nodes.local / "run"
+    disks = [disk / "run" for disk in nodes.disks]  # what node i sees at `out`
+    env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
+                         OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), GLOO_SOCKET_IFNAME=NODE_NIC,
+                         NODE_TIMEOUT=str(NODE_TIMEOUT))
+    command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--save_steps", "2",
+               "--save_total_limit", "2", "--save_on_each_node", "true", "--resume_from_checkpoint", "auto"]
+    marked = lambda step: all((d / f"checkpoint-{step}" / ckpt.MARKER).is_file() for d in disks)  # noqa: E731
+    kill = lambda pid: os.kill(pid, signal.SIGKILL)  # noqa: E731
+    named = f"hf_zero3.run.launch: node {nodes.hosts[1]} failed: exit "
+    timings = {}
+
+    shared_only = subprocess.run([c for c in command if c not in ("--save_on_each_node", "true")], cwd=ROOT,
+                                 env={**env, "MASTER_PORT": str(free_port())}, capture_output=True, text=True,
+                                 timeout=600)
+    assert shared_only.returncode == 2, explain(shared_only)
+    error_naming(shared_only.stderr, "on each node's own disk", "--save_on_each_node true")
+    assert all(not list(d.iterdir()) for d in disks)  # refused before anything was written
+
+    killed = _lose_node_1(command, env, tmp_path / "1.log", lambda: marked(2), kill)
+    assert killed.code != 0 and f"{named}247, a rank there was killed by SIGKILL" in killed.text, killed.text[-4000:]
+    assert f"{nodes.hosts[0]} exit {PEER_LOST_EXIT}: its ranks lost a peer" in killed.text
+    assert f"lost contact with the rank at {nodes.hosts[1]}" in killed.text  # node 0's rank, in one line
+    assert killed.peers_gone_s < 30 and killed.launcher_s < 40, (killed.peers_gone_s, killed.launcher_s)
+    timings["kill mid-step"] = killed
+
+    saving = _lose_node_1(command, env, tmp_path / "2.log",
+                          lambda: (disks[1] / "checkpoint-4" / ckpt.SAVING).is_file(), kill)
+    assert f"{named}247" in saving.text and saving.peers_gone_s < 30, saving.text[-4000:]
+    assert not any((d / "checkpoint-4" / ckpt.MARKER).exists() for d in disks)  # killed before any copy counted
+    assert all(ckpt.is_complete(d / "checkpoint-2") for d in disks)
+    timings["kill mid-save"] = saving
+
+    try:
+        cut = _lose_node_1(command, env, tmp_path / "3.log", lambda: marked(4), lambda pid: nodes.cut(1))
+    finally:
+        nodes.mend(1)
+        _end_leftovers(out)  # node 1's rank, cut off, would wait ddp_timeout
+    assert f"removing {out}/checkpoint-4: its save never finished" in cut.text  # the unfinished copies, on each node
+    assert f"{named}255, ssh lost it" in cut.text, cut.text[-4000:]
+    assert "stopping the job on every node" in cut.text
+    assert cut.peers_gone_s < 2 * NODE_TIMEOUT + 45 and cut.launcher_s < 2 * NODE_TIMEOUT + 60, (
+        cut.peers_gone_s, cut.launcher_s)
+    timings["network cut mid-step"] = cut
+
+    finished = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
+                              text=True, timeout=600)
+    assert finished.returncode == 0, explain(finished)
+    expected, got = losses_by_step(one_node), losses_by_step(disks[0])
+    assert sorted(got) == list(range(1, STEPS + 1)), got
+    assert max(abs(expected[s] - got[s]) for s in got) < 1e-5, (expected, got)
+    for disk in disks:  # each node's copy: the newest 2 complete, keep-last-N done on each, the run finished
+        assert [p.name for p in ckpt.complete_checkpoints(disk)] == ["checkpoint-4", "checkpoint-6"], disk
+        assert ckpt.read_finished(disk) is not None and (disk / "checkpoint-6" / "latest").is_file()
+    # DeepSpeed gathers the 16-bit weights on rank 0 alone: they are on node 0's disk
+    assert (disks[0] / "model.safetensors").is_file() and (disks[0] / "checkpoint-6" / "model.safetensors").is_file()
+    for name, lost in timings.items():
+        print(f"{name}: node 0's rank gone {lost.peers_gone_s:.1f} s after, the launcher {lost.launcher_s:.1f} s")
+
+
+def test_a_rank_whose_peers_never_come_stops_after_ddp_timeout(tmp_path):
+    """The process group honours ddp_timeout (DeepSpeed's default is 30 min): rank 0 of 2, alone, stops after it
+    with one line naming what it waited for, exit 69."""
+    started = time.monotonic()
+    alone = run(["hf-zero3", "train", "recipes/tiny/train_args.yaml", "--output_dir", tmp_path / "run",
+                 "--ddp_timeout", "5", "--validation_file", "null"], timeout=300, RANK="0", LOCAL_RANK="0",
+                WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    assert alone.returncode == PEER_LOST_EXIT, explain(alone)
+    assert "the ranks that never joined: 1 of 2 reached MASTER_ADDR:MASTER_PORT within ddp_timeout" in alone.stderr
+    assert "Traceback" not in alone.stderr and time.monotonic() - started < 120

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("hf_zero3.callbacks",),),
     (("hf_zero3.checkpoint",),),
     (("hf_zero3/run/__init__.py", "hf_zero3.run.arguments", "hf_zero3.run.facts", "hf_zero3.run.distributed",
-      "hf_zero3.run.preemption"),),
+      "hf_zero3.run.preemption", "hf_zero3.run.storage"),),
     (("hf_zero3.plan",),),
     (("hf_zero3.config",), ("hf_zero3.data",)),
     (("hf_zero3/__init__.py", "hf_zero3.units", "hf_zero3.argtypes", "hf_zero3.recipes"),),

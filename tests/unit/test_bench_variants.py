@@ -1,5 +1,6 @@
-"""`hf-zero3 bench` variants and report, without running anything: the hand-tuned baselines are what their
-docstring says, every variant trains the recipe's global batch, and repeats are reported with their spread."""
+"""`hf-zero3 bench` baselines and report, without running anything: the tuned baselines are every switch a competent
+user flips without code, each setting searches its micro batch down on out-of-memory, every variant trains the
+recipe's global batch, and the report names the best baseline that ran and every baseline run that failed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,19 @@ import json
 
 import pytest
 
-from hf_zero3.ops.bench import STOCK_ZERO3, TUNED_MICRO_BATCH, aggregate, build_variants, render_report
+from hf_zero3.ops.baselines import (
+    STOCK_ZERO2,
+    STOCK_ZERO3,
+    Search,
+    Tuned,
+    build_slots,
+    expand_against,
+    micro_candidates,
+    search_state,
+    selected,
+    variants_of,
+)
+from hf_zero3.ops.bench import aggregate, render_report
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "8b"
@@ -17,37 +30,64 @@ def _value(overrides: list[str], key: str) -> str:
     return overrides[len(overrides) - 1 - overrides[::-1].index(key) + 1]  # the last one given wins
 
 
-def test_tuned_baselines_run_the_stock_templates_with_the_trainers_optimizer_and_no_checkpointing():
-    variants = {v.name: v for v in build_variants(RECIPE, ["stock_tuned", "zero2_tuned", "fsdp2_tuned"], False, True,
-                                                   global_batch=12, gpus=2)}
-    assert list(variants) == ["ours", "stock_tuned", "zero2_tuned", "fsdp2_tuned"]
-    stock, zero2, fsdp2 = variants["stock_tuned"], variants["zero2_tuned"], variants["fsdp2_tuned"]
-    assert stock.ds_config == {k: v for k, v in STOCK_ZERO3.items() if k not in ("optimizer", "scheduler")}
-    assert zero2.ds_config["zero_optimization"]["stage"] == 2
-    assert "optimizer" not in zero2.ds_config and "scheduler" not in zero2.ds_config
-    assert "offload_optimizer" not in zero2.ds_config["zero_optimization"]
-    assert fsdp2.launcher == "torchrun" and fsdp2.ds_config is None
-    assert json.loads(_value(fsdp2.overrides, "--fsdp_config"))["activation_checkpointing"] is False
-    for variant in (stock, zero2, fsdp2):
-        micro = int(_value(variant.overrides, "--per_device_train_batch_size"))
-        accum = int(_value(variant.overrides, "--gradient_accumulation_steps"))
-        assert micro == TUNED_MICRO_BATCH[variant.name] and micro * accum * 2 == 12
-        assert _value(variant.overrides, "--gradient_checkpointing") == "false"
-        assert _value(variant.overrides, "--use_liger_kernel") == "false"
-        assert _value(variant.overrides, "--optim") == "adamw_torch_fused"
+def _searches(slots) -> dict[str, Search]:
+    return {s.setting: s for s in slots if isinstance(s, Search)}
 
 
-def test_a_global_batch_the_tuned_micro_batch_does_not_divide_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match="global batch 9 is not a multiple of 4"):
-        build_variants(RECIPE, ["stock_tuned"], False, True, global_batch=9, gpus=2)
+def test_tuned_is_every_engine_with_liger_fused_adamw_and_checkpointing_on_and_off():
+    slots = build_slots(RECIPE, ["tuned"], False, True, global_batch=16, gpus=1)
+    searches = _searches(slots)
+    assert list(searches) == [f"{engine}_{ckpt}" for engine in ("stock_tuned", "zero2_tuned", "fsdp2_tuned",
+                                                                "plain_tuned") for ckpt in ("nockpt", "ckpt")]
+    for search in searches.values():
+        # from the per-rank batch down, through its divisors; each keeps the global batch
+        assert [v.micro for v in search.candidates] == [16, 8, 4, 2, 1]
+        for variant in search.candidates:
+            assert variant.micro * int(_value(variant.overrides, "--gradient_accumulation_steps")) == 16
+            assert int(_value(variant.overrides, "--per_device_train_batch_size")) == variant.micro
+            assert _value(variant.overrides, "--use_liger_kernel") == "true"
+            assert _value(variant.overrides, "--optim") == "adamw_torch_fused"
+            assert variant.baseline == search.baseline and variant.setting == search.setting
+    zero3, zero2 = searches["stock_tuned_ckpt"].candidates[1], searches["zero2_tuned_nockpt"].candidates[0]
+    assert zero3.name == "stock_tuned_8_ckpt" and zero3.launcher == "deepspeed"
+    assert zero3.ds_config == {k: v for k, v in STOCK_ZERO3.items() if k not in ("optimizer", "scheduler")}
+    assert _value(zero3.overrides, "--gradient_checkpointing") == "true"
+    assert json.loads(_value(zero3.overrides, "--gradient_checkpointing_kwargs")) == {"use_reentrant": False}
+    assert zero2.name == "zero2_tuned_16" and zero2.ds_config["zero_optimization"] == STOCK_ZERO2["zero_optimization"]
+    assert _value(zero2.overrides, "--gradient_checkpointing") == "false"
+    fsdp2 = searches["fsdp2_tuned_ckpt"].candidates[0]
+    assert fsdp2.launcher == "torchrun" and fsdp2.ds_config is None and _value(fsdp2.overrides, "--deepspeed") == "null"
+    fsdp = json.loads(_value(fsdp2.overrides, "--fsdp_config"))
+    assert fsdp["fsdp_version"] == 2 and fsdp["activation_checkpointing"] is True
+    assert _value(fsdp2.overrides, "--gradient_checkpointing") == "false"  # FSDP's own, never recomputed twice
+    plain = searches["plain_tuned_ckpt"].candidates[0]
+    assert plain.launcher == "torchrun" and plain.ds_config is None and _value(plain.overrides, "--deepspeed") == "null"
+    assert "--fsdp" not in plain.overrides and _value(plain.overrides, "--gradient_checkpointing") == "true"
 
 
-def test_other_recipe_folders_run_with_their_own_yaml_and_config(tmp_path):
-    (tmp_path / "train_args.yaml").write_text("block_size: 64\n")
-    (tmp_path / "ds_config.json").write_text('{"zero_optimization": {"stage": 2}}')
-    variants = build_variants(RECIPE, [], False, True, others={"z2": tmp_path})
-    assert [v.name for v in variants] == ["ours", "z2"]
-    assert variants[1].recipe_dir == tmp_path and variants[1].ds_config == {"zero_optimization": {"stage": 2}}
+def test_the_plain_trainer_joins_tuned_on_one_gpu_only_and_runs_as_ddp_when_named():
+    assert expand_against(["tuned"], 1) == ["stock_tuned", "zero2_tuned", "fsdp2_tuned", "plain_tuned"]
+    assert expand_against(["tuned"], 2) == ["stock_tuned", "zero2_tuned", "fsdp2_tuned"]
+    assert expand_against(["stock", "tuned", "stock_tuned", "plain_tuned"], 8) == [
+        "stock", "stock_tuned", "zero2_tuned", "fsdp2_tuned", "plain_tuned"]
+
+
+def test_a_search_starts_at_the_given_micro_batch_and_tries_the_divisors_below():
+    assert micro_candidates(None, 12) == [12, 6, 4, 3, 2, 1]
+    assert micro_candidates(5, 12) == [4, 3, 2, 1]  # a start that does not divide: the next divisor below
+    assert micro_candidates(64, 6) == [6, 3, 2, 1]
+    tuned = Tuned.collect(["stock_tuned=8+ckpt", "stock_tuned=2", "stock_tuned=8+ckpt"])  # a repeat runs once
+    searches = _searches(build_slots(RECIPE, ["stock_tuned"], False, True, global_batch=16, gpus=2, tuned=tuned))
+    assert {k: [v.name for v in s.candidates] for k, s in searches.items()} == {
+        "stock_tuned_ckpt": ["stock_tuned_8_ckpt", "stock_tuned_4_ckpt", "stock_tuned_2_ckpt", "stock_tuned_1_ckpt"],
+        "stock_tuned_nockpt": ["stock_tuned_2", "stock_tuned_1"]}
+    assert _value(searches["stock_tuned_nockpt"].candidates[0].overrides, "--gradient_accumulation_steps") == "4"
+
+
+def test_a_global_batch_the_ranks_do_not_divide_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="global batch 9 is not a multiple of the 2 ranks.*gradient_accumulation"):
+        build_slots(RECIPE, ["tuned"], False, True, global_batch=9, gpus=2)
+    build_slots(RECIPE, ["stock"], False, True, global_batch=9, gpus=2)  # the documented ones run the recipe's batch
 
 
 def _run(tokens: float, peak: float) -> dict:
@@ -56,22 +96,82 @@ def _run(tokens: float, peak: float) -> dict:
             "gpu_peak_reserved_gib": peak + 1, "host_rss_gib": 2.0, "final_loss": 11.0, "steps_measured": 4}
 
 
+OOM = {"error": "out of memory at micro batch 16: exit 1: torch.OutOfMemoryError: CUDA out of memory (log: x.log)",
+       "out_of_memory": True}
+
+
+def test_a_search_goes_down_on_out_of_memory_only():
+    [search] = [s for s in build_slots(RECIPE, ["stock_tuned"], False, True, global_batch=16, gpus=1,
+                                       tuned=Tuned.collect(["stock_tuned=16+ckpt"])) if isinstance(s, Search)]
+    names = [v.name for v in search.candidates]
+    assert search_state(search, {}) == ("next", search.candidates[0])
+    assert search_state(search, {names[0]: OOM}) == ("next", search.candidates[1])
+    assert search_state(search, {names[0]: OOM, names[1]: _run(9000, 120)}) == ("found", search.candidates[1])
+    other = {"error": "exit 2: error: block_size=100000 exceeds the model's max positions (512)"}
+    assert search_state(search, {names[0]: OOM, names[1]: other}) == ("failed", None)  # not a matter of micro batch
+    assert search_state(search, dict.fromkeys(names, OOM)) == ("failed", None)  # fits at no micro batch
+
+
+def test_only_selects_a_baseline_a_setting_or_one_run():
+    slots = build_slots(RECIPE, ["stock_tuned", "stock"], False, True, global_batch=4, gpus=1)
+    ckpt = _searches(slots)["stock_tuned_ckpt"]
+    assert selected(ckpt, frozenset({"stock_tuned"})) and selected(ckpt, frozenset({"stock_tuned_ckpt"}))
+    assert not selected(ckpt, frozenset({"stock_tuned_nockpt"})) and selected(ckpt, frozenset({"stock_tuned_2_ckpt"}))
+    assert selected(slots[0], frozenset({"ours"})) and not selected(slots[0], frozenset({"stock"}))
+    assert [v.name for v in variants_of(slots)][:2] == ["ours", "stock_tuned_4"]
+
+
+def test_other_recipe_folders_run_with_their_own_yaml_and_config(tmp_path):
+    (tmp_path / "train_args.yaml").write_text("block_size: 64\n")
+    (tmp_path / "ds_config.json").write_text('{"zero_optimization": {"stage": 2}}')
+    slots = build_slots(RECIPE, [], False, True, others={"z2": tmp_path})
+    assert [v.name for v in slots] == ["ours", "z2"]
+    assert slots[1].recipe_dir == tmp_path and slots[1].ds_config == {"zero_optimization": {"stage": 2}}
+
+
+META = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096, "global_batch": 16,
+        "steps": 4, "warmup": 2, "repeats": 3, "commands": ["hf-zero3 bench 7b"], "configs": {}}
+
+
 def test_repeats_report_medians_spread_and_each_run():
     ours = aggregate([_run(10000, 110), _run(9000, 112), _run(10400, 111)])
-    stock = aggregate([_run(8000, 120), {"error": "exit 1: OOM"}, _run(7000, 121)])
+    stock = aggregate([_run(8000, 120), {"error": "exit 1: NCCL timeout"}, _run(7000, 121)])
     assert ours["tokens_per_s_per_gpu"] == 10000 and ours["gpu_peak_allocated_gib"] == 112
     assert stock["tokens_per_s_per_gpu"] == 7500  # median of the two that ran
-    meta = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096,
-            "global_batch": 12, "steps": 4, "warmup": 2, "repeats": 3, "commands": ["hf-zero3 bench 8b"], "configs": {}}
-    text = render_report(meta, {"ours": ours, "stock_tuned": stock})
+    text = render_report(META, {"ours": ours, "stock": stock})
     assert "| ours | 10000 | 500.0 | 50.0% | 112.00 |" in text and text.count("| 3: 9000-10400 |") == 1
     assert "| 2: 7000-8000 (1 failed) |" in text
-    assert "ours / stock_tuned: 1.33x tokens/s" in text
-    assert "| ours | 2 | 9000 |" in text and "| stock_tuned | 2 | failed: exit 1: OOM |" in text
+    assert "ours / stock: 1.33x tokens/s" in text
+    assert "| ours | 2 | 9000 |" in text and "| stock | 2 | failed: exit 1: NCCL timeout |" in text
     assert "3 run(s) per config" in text
     assert aggregate([{"error": "exit 1: x"}])["error"] == "exit 1: x"
-    without_ours = render_report(meta, {"stock_tuned": stock})  # `--only stock_tuned`: a table, no ratio
-    assert "| stock_tuned | 7500 |" in without_ours and "ours /" not in without_ours
+    without_ours = render_report(META, {"stock": stock})  # `--only stock`: a table, no ratio
+    assert "| stock | 7500 |" in without_ours and "ours /" not in without_ours
+
+
+def test_the_report_names_the_best_baseline_and_keeps_every_failed_one():
+    """On one H200 a 7B's stock ZeRO-3 with Liger and checkpointing at micro 8 beat the plain Trainer at micro 4: the
+    best baseline is the fastest of every engine and setting that ran; the ones that ran out of memory are listed."""
+    baselines = {"stock_tuned_16_ckpt": "stock_tuned", "stock_tuned_8_ckpt": "stock_tuned", "stock_tuned_1": "stock_tuned",
+                 "plain_tuned_4_ckpt": "plain_tuned", "fsdp2_tuned_8_ckpt": "fsdp2_tuned"}
+    results = {"ours": aggregate([_run(11_615, 120)]), "stock_tuned_16_ckpt": aggregate([OOM]),
+               "stock_tuned_8_ckpt": aggregate([_run(10_207, 121)]), "stock_tuned_1": aggregate([_run(7_500, 125)]),
+               "plain_tuned_4_ckpt": aggregate([_run(9_848, 130)]),
+               "fsdp2_tuned_8_ckpt": aggregate([{"error": "exit 1: accelerate has no fsdp_version 2"}])}
+    text = render_report({**META, "baselines": baselines}, results)
+    assert ("**The best baseline: stock_tuned_8_ckpt** (10,207 tokens/s/GPU, the fastest of the 3 baseline configs "
+            "that ran); ours / it: **1.14x** tokens/s") in text
+    assert ("ours / the best stock_tuned (stock_tuned_8_ckpt, 10,207 tokens/s/GPU; of stock_tuned_16_ckpt, "
+            "stock_tuned_8_ckpt, stock_tuned_1): 1.14x tokens/s") in text
+    failed = text.split("Baseline runs that failed (counted as results, not dropped): ")[1].splitlines()[0]
+    assert "stock_tuned_16_ckpt (out of memory at micro batch 16" in failed
+    assert "fsdp2_tuned_8_ckpt (exit 1: accelerate has no fsdp_version 2)" in failed and "(log:" not in failed
+    assert "| stock_tuned_16_ckpt | failed: out of memory at micro batch 16" in text
+    results["stock_tuned_8_ckpt"] = aggregate([OOM])
+    assert "**The best baseline: plain_tuned_4_ckpt** (9,848" in render_report({**META, "baselines": baselines},
+                                                                               results)
+    nothing = {"ours": results["ours"], "plain_tuned_4_ckpt": aggregate([OOM])}
+    assert "No baseline ran" in render_report({**META, "baselines": baselines}, nothing)
 
 
 def test_a_scratch_run_folder_is_emptied_only_when_the_bench_made_it(tmp_path):
@@ -92,65 +192,19 @@ def test_a_scratch_run_folder_is_emptied_only_when_the_bench_made_it(tmp_path):
     assert (theirs / "checkpoint-100").is_dir()
 
 
-def test_tuned_settings_for_a_model_the_8b_defaults_do_not_fit():
-    """13b on 2 x H200: stock ZeRO-3 fits only with checkpointing (micro 4 planned), so `--tuned stock_tuned=4+ckpt`."""
-    from hf_zero3.ops.bench import Tuned
-
-    tuned = Tuned.collect(["stock_tuned=4+ckpt", "fsdp2_tuned=2+ckpt"])
-    variants = {v.name: v for v in build_variants(RECIPE, ["stock_tuned", "fsdp2_tuned", "zero2_tuned"], False, True,
-                                                   global_batch=16, gpus=2, tuned=tuned)}
-    stock, fsdp2, zero2 = variants["stock_tuned"], variants["fsdp2_tuned"], variants["zero2_tuned"]
-    assert _value(stock.overrides, "--per_device_train_batch_size") == "4"
-    assert _value(stock.overrides, "--gradient_accumulation_steps") == "2"
-    assert _value(stock.overrides, "--gradient_checkpointing") == "true"
-    assert json.loads(_value(stock.overrides, "--gradient_checkpointing_kwargs")) == {"use_reentrant": False}
-    # FSDP2 recomputes through its own config, never twice through the Trainer's flag too
-    assert json.loads(_value(fsdp2.overrides, "--fsdp_config"))["activation_checkpointing"] is True
-    assert _value(fsdp2.overrides, "--gradient_checkpointing") == "false"
-    assert _value(zero2.overrides, "--per_device_train_batch_size") == str(TUNED_MICRO_BATCH["zero2_tuned"])
-
-
-def test_several_settings_of_one_baseline_each_run_and_the_report_names_the_best():
-    """"Tuned by hand" is the better of checkpointing on and off: on one H200 a 7B's stock ZeRO-3 was fastest with
-    checkpointing at micro 8, not without it at micro 1 (benchmarks/results/2026-12-01_ckpt-micro-7b-1gpu/report.md)."""
-    from hf_zero3.ops.bench import Tuned, baseline_groups
-
-    tuned = Tuned.collect(["stock_tuned=1", "stock_tuned=8+ckpt", "stock_tuned=1"])  # a repeat runs once
-    variants = build_variants(RECIPE, ["stock_tuned", "zero2_tuned"], False, True, global_batch=16, gpus=1,
-                              tuned=tuned)
-    by_name = {v.name: v for v in variants}
-    assert list(by_name) == ["ours", "stock_tuned_1", "stock_tuned_8_ckpt", "zero2_tuned"]
-    assert _value(by_name["stock_tuned_1"].overrides, "--gradient_accumulation_steps") == "16"
-    assert _value(by_name["stock_tuned_8_ckpt"].overrides, "--gradient_accumulation_steps") == "2"
-    assert _value(by_name["stock_tuned_8_ckpt"].overrides, "--gradient_checkpointing") == "true"
-    assert by_name["stock_tuned_1"].ds_config == by_name["stock_tuned_8_ckpt"].ds_config
-    groups = baseline_groups(variants)
-    assert groups == {"stock_tuned": ["stock_tuned_1", "stock_tuned_8_ckpt"]}  # zero2_tuned: one setting, no group
-
-    meta = {"title": "t", "date": "d", "hardware": "h", "versions": {}, "model": "m", "seq_len": 4096,
-            "global_batch": 16, "steps": 4, "warmup": 2, "commands": ["c"], "configs": {}, "groups": groups}
-    results = {"ours": aggregate([_run(10_118, 114)]), "stock_tuned_1": aggregate([_run(6_044, 125)]),
-               "stock_tuned_8_ckpt": aggregate([_run(8_221, 121)])}
-    text = render_report(meta, results)
-    assert ("ours / the best stock_tuned (stock_tuned_8_ckpt, 8,221 tokens/s/GPU; of stock_tuned_1, "
-            "stock_tuned_8_ckpt): 1.23x tokens/s") in text
-    results["stock_tuned_8_ckpt"] = aggregate([{"error": "exit 1: OOM"}])  # the best of those that ran
-    assert "ours / the best stock_tuned (stock_tuned_1, 6,044" in render_report(meta, results)
-
-
-def test_bench_only_accepts_the_names_of_several_tuned_settings(capsys):
+def test_bench_only_accepts_the_names_of_its_settings_and_runs(capsys):
     from hf_zero3.cli import main
 
-    argv = ["bench", "tiny", "--against", "stock_tuned", "--tuned", "stock_tuned=1", "--tuned", "stock_tuned=2+ckpt"]
+    argv = ["bench", "tiny", "--gpus", "2", "--against", "stock_tuned", "--tuned", "stock_tuned=1",
+            "--tuned", "stock_tuned=2+ckpt"]
     assert main([*argv, "--only", "stock_tuned_3"]) == 2
     err = capsys.readouterr().err
-    assert "['stock_tuned_3'] not in this bench" in err and "stock_tuned_2_ckpt" in err
+    assert "['stock_tuned_3'] not in this bench" in err and "stock_tuned_2_ckpt" in err and "stock_tuned_ckpt" in err
 
 
-@pytest.mark.parametrize("bad", ["stock=4", "stock_tuned=0", "stock_tuned=four", "stock_tuned=4+offload"])
+@pytest.mark.parametrize("bad", ["stock=4", "stock_tuned=0", "stock_tuned=four", "stock_tuned=4+offload",
+                                 "tuned=4"])
 def test_a_bad_tuned_setting_names_the_form(bad):
-    from hf_zero3.ops.bench import Tuned
-
     with pytest.raises(ValueError, match=r"NAME=MICRO or NAME=MICRO\+ckpt"):
         Tuned.parse(bad)
 
@@ -162,3 +216,5 @@ def test_bench_refuses_tuned_settings_for_a_baseline_it_does_not_run(capsys):
     assert "--tuned sets ['stock_tuned'], which --against does not run" in capsys.readouterr().err
     assert main(["bench", "tiny", "--against", "stock_tuned", "--tuned", "stock_tuned=x"]) == 2
     assert "give NAME=MICRO" in capsys.readouterr().err
+    assert main(["bench", "tiny", "--gpus", "2", "--against", "tuned", "--tuned", "plain_tuned=2"]) == 2
+    assert "--tuned sets ['plain_tuned']" in capsys.readouterr().err  # `tuned` on 2 ranks leaves it out

@@ -328,7 +328,7 @@ def test_the_warmup_check_runs_on_what_is_installed_and_deepspeed_refuses_what_i
     from deepspeed.runtime.lr_schedules import WarmupLR
 
     from hf_zero3.config.check import DEEPSPEED_REFUSES_NO_WARMUP, _version
-    from hf_zero3.ops.bench import STOCK_ZERO3
+    from hf_zero3.ops.baselines import STOCK_ZERO3
 
     stock = copy.deepcopy(STOCK_ZERO3)
     findings = [f for f in check_ds_config(stock, training_args=ta(warmup_steps=0))

@@ -393,3 +393,67 @@ def test_an_explicit_resume_through_a_link_or_a_renamed_copy_knows_its_step(tmp_
     assert ckpt.resume_step(elsewhere) == 10
     with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 in .*complete and newer than the resume point"):
         ckpt.plan_resume(tmp_path, str(elsewhere), world_size=2)
+
+
+# --- node-local disks: a checkpoint is what its copies on the nodes together are ---------------------------------
+
+def node_copy(root, step: int, run_id: str, kind: str):
+    """A 2-rank checkpoint folder in one node's output_dir: complete (marked with `run_id`) or our unfinished save."""
+    folder = make_checkpoint(root, step, marked=False)
+    if kind == "complete":
+        ckpt.write_marker(folder, {"world_size": 2, "run_id": run_id})
+    else:
+        ckpt.mark_saving(folder, run_id)
+    return folder
+
+
+def seen(*nodes):
+    return [ckpt.view(ckpt.survey(node)) for node in nodes]
+
+
+def test_a_checkpoint_counts_only_when_complete_on_every_node_and_a_half_finished_one_is_ours_to_delete(tmp_path):
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    run_id = ckpt.claim_output_dir(a)
+    assert ckpt.claim_output_dir(b, run_id) == run_id  # node 1's copy gets node 0's id
+    for node in (a, b):
+        node_copy(node, 2, run_id, "complete")
+    node_copy(a, 4, run_id, "complete")  # node 0 marked step 4, then node 1 died before it did
+    node_copy(b, 4, run_id, "unfinished")
+    node_copy(a, 6, run_id, "unfinished")  # node 1 never got to step 6 at all
+    found = ckpt.combine(a, seen(a, b))
+    assert [(f.path.name, f.kind) for f in found] == [
+        ("checkpoint-2", "complete"), ("checkpoint-4", "unfinished"), ("checkpoint-6", "unfinished")]
+    assert "complete on some nodes only" in found[1].why
+    plan = ckpt.plan_resume(a, "auto", world_size=2, found=found)
+    assert plan.target == a / "checkpoint-2" and plan.delete == [a / "checkpoint-4", a / "checkpoint-6"]
+    assert ckpt.combine(a, seen(a, a)) == ckpt.combine(a, seen(a))  # one shared folder: what one rank sees
+
+
+def test_a_copy_that_is_not_this_runs_is_never_taken_for_an_unfinished_save(tmp_path):
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    run_id = ckpt.claim_output_dir(a)
+    ckpt.claim_output_dir(b, run_id)
+    node_copy(a, 4, "another run", "complete")  # copied there by hand, say
+    node_copy(a, 6, run_id, "complete")
+    damaged = node_copy(b, 6, run_id, "complete")
+    (damaged / "rng_state_1.pth").unlink()
+    found = ckpt.combine(a, seen(a, b))
+    assert [(f.path.name, f.kind) for f in found] == [("checkpoint-4", "foreign"), ("checkpoint-6", "damaged")]
+    assert found[1].why.startswith("on some node: marked complete, but rng_state_1.pth is missing")
+    plan = ckpt.plan_resume(a, "auto", world_size=2, found=found)
+    assert plan.target is None and plan.delete == [] and len(plan.skipped) == 2
+
+
+def test_keep_last_n_on_a_node_counts_only_the_checkpoints_complete_on_every_node(tmp_path):
+    run_id = ckpt.claim_output_dir(tmp_path)
+    for step in (2, 4, 6):
+        node_copy(tmp_path, step, run_id, "complete")
+    assert steps(ckpt.rotate(tmp_path, keep=1, everywhere={2, 6})) == [2]  # 4 is complete here only: not counted
+    assert steps(ckpt.complete_checkpoints(tmp_path)) == [4, 6]
+
+
+def test_on_a_node_local_copy_the_nodes_first_rank_owns_the_files_that_are_not_a_ranks_own():
+    assert ckpt.file_owner("trainer_state.json", 4, writer=2) == 2
+    assert ckpt.file_owner("rng_state_3.pth", 4, writer=2) == 3
+    assert ckpt.file_owner("global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt", 4, writer=2) == 3
+    assert ckpt.file_owner("trainer_state.json", 4) == 0

@@ -128,6 +128,31 @@ def test_out_of_memory_gets_a_planner_line_and_other_errors_do_not(capsys, tmp_p
     assert "--gpus N and --gpu-mem SIZE" in err  # this CPU machine has no GPU to plan for: it says so
 
 
+def test_a_log_that_ran_out_of_memory_is_told_from_other_failures(capsys, tmp_path):
+    """`hf-zero3 bench` searches a smaller micro batch only after an out-of-memory failure: the line train prints then,
+    torch's own messages (a real failed host allocation here), and not any other error."""
+    import traceback
+
+    import torch
+    from transformers import AutoConfig, TrainingArguments
+
+    from hf_zero3.run.oom import oom_in_log
+    from hf_zero3.run.train import _explain_oom
+
+    config = AutoConfig.from_pretrained(ROOT / "assets/tiny/model")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    _explain_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), config, args, 128)
+    assert oom_in_log(capsys.readouterr().err)
+    try:
+        torch.empty(2**62, dtype=torch.uint8)  # more than any machine has: the allocator refuses it
+    except RuntimeError:
+        assert oom_in_log(traceback.format_exc())
+    else:
+        pytest.fail("a 4 EiB allocation succeeded")
+    assert not oom_in_log("error: block_size=100000 exceeds the model's max positions (512)\nexit 2")
+    assert not oom_in_log("torch.distributed.DistBackendError: NCCL error: unhandled system error")
+
+
 def test_overwrite_refuses_to_mix_checkpoints_of_two_runs(capsys, tmp_path):
     out = tmp_path / "earlier"
     (out / "checkpoint-1000").mkdir(parents=True)
@@ -483,3 +508,20 @@ def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(
                    "train_on_inputs"):
         assert needle in err, err
     assert not dist.is_initialized() and not out.exists()
+
+
+def test_regional_compile_refuses_whole_model_compile_and_an_unknown_backend(capsys, tmp_path):
+    err = train_fails(capsys, "--regional_compile", "true", "--torch_compile", "true", "--regional_compile_backend",
+                      "tensorrt", "--output_dir", tmp_path / "out")
+    assert "regional_compile and torch_compile both compile" in err and "set one of them" in err
+    assert "regional_compile_backend 'tensorrt': choose one of inductor, aot_eager, eager" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_regional_compile_needs_decoder_layers():
+    import torch
+
+    from hf_zero3.run.regional_compile import enable
+
+    with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
+        enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
