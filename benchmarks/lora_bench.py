@@ -3,14 +3,18 @@ peak GPU memory, each variant a real run in its own process (fresh CUDA context)
 
 Variants (same model, data, sequence length, global batch, steps):
   lora         hf_zero3 train with `peft:` (r RANK, alpha 2 x RANK, dropout 0.05, all-linear), the planner's choice
-               for the LoRA run (`choose(..., trainable=adapter)`: on one H200 it is ZeRO-2)
+               for the LoRA run (`choose(..., adapter=...)`: on one H200 it is ZeRO-2)
   lora_zero3   the same on the planner's best ZeRO-3 option (the path multi-GPU LoRA takes); it also saves once at
                the last step: the checkpoint's adapter is verified on the GPU and exported (`hf-zero3 export`)
   full         hf_zero3 train, every weight trains, the planner's choice (on one H200: ZeRO-3 + partial CPU offload)
-  stock_peft   a stock Trainer script: transformers' documented ZeRO-3 template (its AdamW and WarmupLR blocks),
-               peft's get_peft_model by hand, gradient checkpointing (non-reentrant, as peft's docs say), the LoRA
-               run's micro batch and accumulation, Liger when installed (a switch a user sets without code)
-  stock_peft_nockpt  the same without gradient checkpointing (the other setting a user tries)
+  stock_peft   a stock Trainer script: transformers' documented ZeRO-3 template (its AdamW block; its WarmupLR block
+               removed, so the Trainer's schedule applies: the same as ours, SCHEDULE, where WarmupLR can neither
+               decay nor start without warmup, and DeepSpeed 0.19.6+ refuses its warmup of 0), peft's
+               get_peft_model by hand, gradient checkpointing (non-reentrant, as peft's docs say), the LoRA run's
+               micro batch and accumulation, Liger when installed (a switch a user sets without code)
+  stock_peft_nockpt  the same without gradient checkpointing (the other setting a user tries), at the micro batch of
+               the planner's best ZeRO-3 option without checkpointing (the stock run is ZeRO-3 too: at the LoRA
+               run's micro batch it would not fit)
 
 Random weights of the model's shape (no download) are written once to WEIGHTS (16 GB for the 8B shape). Results:
 OUT/<variant>.json (per-step times, peak memory), OUT/lora_bench.jsonl (all of them) and OUT/lora_bench.md (the table,
@@ -34,13 +38,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 VARIANTS = ("lora", "lora_zero3", "full", "stock_peft", "stock_peft_nockpt")
+DROPOUT = 0.05
+"""The adapter's dropout in every LoRA variant (ours and the stock ones)."""
+SCHEDULE = {"learning_rate": 1e-4, "lr_scheduler_type": "linear", "warmup_steps": 0}
+"""The learning-rate schedule of every variant, ours and stock: the Trainer's linear decay from 1e-4, no warmup."""
 DATA = {"tokenizer": "assets/tiny/model", "train_file": "assets/tiny/corpus/train.txt"}
 
 
 def _stock_zero3() -> dict:
+    """transformers' ZeRO-3 template without its scheduler block: the Trainer's SCHEDULE applies, as in ours."""
     from hf_zero3.ops.baselines import STOCK_ZERO3
 
-    return STOCK_ZERO3
+    return {k: v for k, v in STOCK_ZERO3.items() if k != "scheduler"}
 
 
 # --- in the training process ---------------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ def run_stock(spec: dict) -> int:
     args = TrainingArguments(
         output_dir=spec["output_dir"], deepspeed=spec["ds_config"], bf16=True, report_to=[], save_strategy="no",
         per_device_train_batch_size=spec["micro_batch"], gradient_accumulation_steps=spec["grad_accum"],
-        max_steps=spec["steps"], learning_rate=1e-4, logging_steps=1, gradient_checkpointing=spec["checkpointing"],
+        max_steps=spec["steps"], **SCHEDULE, logging_steps=1, gradient_checkpointing=spec["checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False}, dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
         use_liger_kernel=importlib.util.find_spec("liger_kernel") is not None)
@@ -127,7 +136,7 @@ def run_stock(spec: dict) -> int:
     train = ids.map(blocks, batched=True, batch_size=1000, remove_columns=ids.column_names)
     model = AutoModelForCausalLM.from_pretrained(spec["weights"], dtype=torch.bfloat16, attn_implementation="sdpa")
     model.config.use_cache = False
-    model = get_peft_model(model, LoraConfig(r=spec["rank"], lora_alpha=2 * spec["rank"], lora_dropout=0.05,
+    model = get_peft_model(model, LoraConfig(r=spec["rank"], lora_alpha=2 * spec["rank"], lora_dropout=DROPOUT,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
     timer = step_timer(Path(spec["result"]), spec["tokens_per_step"], spec["warmup"])
     Trainer(model=model, args=args, train_dataset=train, data_collator=default_data_collator,
@@ -153,22 +162,24 @@ def ensure_weights(config_dir: Path, weights: Path) -> None:
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
-def planned(args, lora: bool, stage3: bool = False):
-    """(ds_config, training overrides, label, planned GPU GB) of the planner's choice for this run."""
+def planned(args, lora: bool, stage3: bool = False, no_checkpointing: bool = False):
+    """(ds_config, training overrides, label, planned GPU GB) of the planner's choice for this run (`stage3`: its best
+    ZeRO-3 option; `no_checkpointing`: its best ZeRO-3 option without checkpointing)."""
     from hf_zero3.config.build import build_ds_config, training_args_overrides
     from hf_zero3.plan.choose import choose, cost_key
-    from hf_zero3.plan.lora import adapter_params
+    from hf_zero3.plan.lora import adapter
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
 
     shape = load_shape(str(args.model_config))
     hardware = get(args.hardware).hardware(1, 0.0, None)
-    trainable = adapter_params(shape, args.rank) if lora else None
-    choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, trainable=trainable,
+    lora_adapter = adapter(shape, args.rank, "all-linear", DROPOUT) if lora else None
+    choice = choose(shape, hardware, args.seq_len, global_batch=args.global_batch, adapter=lora_adapter,
                     liger=args.liger)
     best = choice.plan
-    if stage3:
-        best = min((p for p in choice.tried if p.fits and p.spec.stage == 3), key=cost_key, default=None)
+    if stage3 or no_checkpointing:
+        best = min((p for p in choice.tried if p.fits and p.spec.stage == 3
+                    and not (no_checkpointing and p.spec.activation_checkpointing)), key=cost_key, default=None)
     if best is None:
         raise SystemExit(f"lora_bench: nothing fits for {'LoRA' if lora else 'the full fine-tune'}: {choice.advice}")
     overrides = training_args_overrides(best.spec)
@@ -181,13 +192,14 @@ def ours_argv(args, work: Path, name: str, ds_path: Path, overrides: dict, lora:
     argv = ["--model_name_or_path", str(args.weights), "--tokenizer_name", DATA["tokenizer"],
             "--train_file", DATA["train_file"], "--validation_file", "null", "--block_size", str(args.seq_len),
             "--deepspeed", str(ds_path), "--output_dir", str(work / name), "--overwrite_output_dir", "true",
-            "--max_steps", str(args.steps), "--logging_steps", "1", "--learning_rate", "1e-4",
-            "--warmup_steps", "0", "--report_to", "none", "--save_final_model", "false",
+            "--max_steps", str(args.steps), "--logging_steps", "1",
+            *(x for key, value in SCHEDULE.items() for x in (f"--{key}", str(value))),
+            "--report_to", "none", "--save_final_model", "false",
             "--attn_implementation", "sdpa", "--seed", "42"]
     argv += ["--save_strategy", "steps", "--save_steps", str(args.steps)] if name == "lora_zero3" else \
         ["--save_strategy", "no"]
     if lora:
-        argv += ["--peft", json.dumps({"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.05,
+        argv += ["--peft", json.dumps({"r": args.rank, "alpha": 2 * args.rank, "dropout": DROPOUT,
                                        "target_modules": "all-linear"})]
     for key, value in overrides.items():
         argv += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value).lower()
@@ -230,7 +242,9 @@ def report(args, results: dict, configs: dict) -> str:
              "", f"Command: `{' '.join(sys.argv)}`", "",
              f"Random weights of the shape (no download), sequence {args.seq_len}, global batch {args.global_batch} "
              f"sequences, {args.steps} steps, medians after {args.warmup} warm-up steps; LoRA r {args.rank}, alpha "
-             f"{2 * args.rank}, dropout 0.05, all-linear. Versions: "
+             f"{2 * args.rank}, dropout {DROPOUT}, all-linear; every variant's schedule: "
+             f"{SCHEDULE['lr_scheduler_type']} from {SCHEDULE['learning_rate']:g}, {SCHEDULE['warmup_steps']} warmup "
+             "steps. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".", "",
              "| variant | config | trainable params | tokens/s/GPU | peak alloc GiB | peak reserved GiB | planned GB |",
              "|---|---|---|---|---|---|---|"]
@@ -280,10 +294,11 @@ def main() -> int:
     for name in args.variants:
         result = args.out / f"{name}.json"
         lora = name != "full"
-        ds, overrides, label, gpu_gb = planned(args, lora, stage3=name == "lora_zero3")
+        ds, overrides, label, gpu_gb = planned(args, lora, stage3=name == "lora_zero3",
+                                               no_checkpointing=name == "stock_peft_nockpt")
         stock = name.startswith("stock_peft")
         if stock:
-            ds, label = _stock_zero3(), ("transformers' ZeRO-3 template + peft by hand"
+            ds, label = _stock_zero3(), ("transformers' ZeRO-3 template (no scheduler block) + peft by hand"
                                          + (", checkpointing" if name == "stock_peft" else ", no checkpointing"))
         configs[name] = {"label": label, "planned_gb": 0 if stock else gpu_gb, "ds_config": ds,
                          "training_overrides": overrides}

@@ -90,6 +90,27 @@ def ladder_cases() -> list[tuple[str, ZeroSpec, float]]:
              ["gpu_peak_allocated_gib"]) for r in rungs]
 
 
+# LoRA (r 16, all-linear, dropout 0.05) on the 8B shape, 1 x H200, Liger, micro 4 x 4 (benchmarks/lora_bench.py): the
+# runs that finished; the ds_config each ran is in the record.
+LORA = "results/2026-12-03_lora-8b-h200"
+LORA_VARIANTS = ["lora"]
+
+
+def lora_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
+    """(variant, training, spec, measured peak allocated GiB) of the LoRA runs."""
+    from hf_zero3.config.convert import spec_from_ds_config
+    from hf_zero3.plan.lora import adapter
+
+    rows = {r["variant"]: r for r in map(json.loads, (HERE / LORA / "lora_bench.jsonl").read_text().splitlines())}
+    cases = []
+    for variant in LORA_VARIANTS:
+        row, ds = rows[variant], rows[variant]["config"]["ds_config"]
+        training = Training(4096, ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"],
+                            liger=True, adapter=adapter(load_shape("8b"), 16, "all-linear", 0.05))
+        cases.append((variant, training, _spec(spec_from_ds_config(ds)[0]), row["peak_allocated_gib"]))
+    return cases
+
+
 def bench_peak_gib(jsonl: str, variant: str) -> float:
     rows = [current_names(json.loads(line)) for line in (HERE / jsonl).read_text().splitlines()]
     return max(r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gib" in r)
@@ -120,6 +141,10 @@ def gpu_table() -> str:
         predicted = plan(LADDER_SHAPE, H200X1, Training(1024, 4, 1, load_bytes=4), spec).gpu_allocated_bytes
         lines.append(_row(f"{Path(LADDER).name}/{rung}", f"1.1B on 1 GPU: {describe(spec)} (stock template)", predicted,
                           measured))
+    for variant, training, spec, measured in lora_cases():
+        predicted = plan(load_shape("8b"), H200X1, training, spec).gpu_allocated_bytes
+        lines.append(_row(f"{Path(LORA).name}/{variant}", f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
+                          f"{training.micro_batch}", predicted, measured))
     return "\n".join(lines) + "\n"
 
 

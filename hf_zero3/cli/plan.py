@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--lora-rank", type=positive_int, metavar="R",
                      help="LoRA of rank R on every linear layer (the recipe's peft: block): only the adapter trains, "
                      "the base is frozen")
+    run.add_argument("--lora-dropout", type=float, metavar="P", default=None,
+                     help="the adapter's dropout with --lora-rank (default: the peft: block's, 0.05); each adapted "
+                     "layer keeps its own dropped-out input when it is above 0")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -119,14 +122,16 @@ def main(args: argparse.Namespace) -> int:
         hardware = _hardware(args)
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
-        trainable = None
+        adapter = None
         if args.lora_rank:
-            from hf_zero3.plan.lora import adapter_params
+            from hf_zero3.plan.lora import adapter
+            from hf_zero3.run.lora import LoraSpec
 
-            trainable = adapter_params(shape, args.lora_rank)
+            lora = LoraSpec(r=args.lora_rank, **({} if args.lora_dropout is None else {"dropout": args.lora_dropout}))
+            adapter = adapter(shape, lora.r, lora.target_modules, lora.dropout)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None, liger=liger, trainable=trainable)
+                        load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

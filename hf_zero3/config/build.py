@@ -70,7 +70,8 @@ def build_ds_config(spec: ZeroSpec) -> dict[str, Any]:
     config["train_batch_size"] = spec.global_batch_size
     config["train_micro_batch_size_per_gpu"] = spec.micro_batch_size
     config["gradient_accumulation_steps"] = spec.gradient_accumulation_steps
-    config["steps_per_print"] = spec.steps_per_print
+    if spec.steps_per_print is not None:
+        config["steps_per_print"] = spec.steps_per_print
     config["wall_clock_breakdown"] = spec.wall_clock_breakdown
     if spec.activation_offload:
         config["activation_checkpointing"] = {"cpu_checkpointing": True}

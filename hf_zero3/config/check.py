@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,6 +149,7 @@ def check_ds_config(
     findings += _batch(config, world_size, micro_batch, grad_accum, names)
     findings += _check_precision(config, device, training_args)
     findings += _bridge_matches(config, training_args or {})
+    findings += _warmup(config, training_args)
     findings += _zero(config)
     findings += _optimizer(config.get("optimizer"))  # after _zero: a partial-offload problem is named first
     findings += _persistence(config, world_size)
@@ -510,6 +512,60 @@ def _bridge_matches(config: dict, training_args: Mapping[str, Any]) -> list[Find
                                                   f"{name} is {json.dumps(theirs, default=str)}: set {key} to 'auto' (the Trainer fills "
                                                   f"it) or make them equal"))
     return findings
+
+
+WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+"""DeepSpeed's schedulers that take `warmup_num_steps` (DeepSpeed 0.19.6 and later refuse it below 1; before, WarmupLR
+and WarmupDecayLR raised it to 2)."""
+DEEPSPEED_REFUSES_NO_WARMUP = (0, 19, 6)
+TRANSFORMERS_FILLS_AT_LEAST_ONE = (5, 18)
+"""From this transformers release the bridge fills `"auto"` warmup_num_steps with max(1, the run's warmup steps);
+before it, with the warmup steps as they are (0 by default)."""
+
+
+def _version(package: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version(package).split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def _warmup(config: dict, training_args: Mapping[str, Any] | None) -> list[Finding]:
+    """A DeepSpeed warmup scheduler with no warmup: DeepSpeed refuses it when the engine starts, after the model
+    loaded (`warmup_num_steps must be a positive integer, got 0`), or the run warms up where none was asked."""
+    scheduler = config.get("scheduler")
+    if not isinstance(scheduler, dict) or scheduler.get("type") not in WARMUP_SCHEDULERS:
+        return []
+    params = scheduler.get("params") if isinstance(scheduler.get("params"), dict) else {}
+    value = params.get("warmup_num_steps", 1000)  # DeepSpeed's default
+    if value == "auto" and training_args is not None:
+        warmup = training_args.get("warmup_steps") or training_args.get("warmup_ratio") or 0
+        return warmup_findings(scheduler["type"], "auto", float(warmup), _version("transformers"),
+                               _version("deepspeed"))
+    return warmup_findings(scheduler["type"], value, None, _version("transformers"), _version("deepspeed"))
+
+
+def warmup_findings(kind: str, value: Any, warmup_steps: float | None, transformers: tuple[int, ...],
+                    deepspeed: tuple[int, ...]) -> list[Finding]:
+    """What DeepSpeed's `kind` scheduler does with `warmup_num_steps` `value` ("auto": filled from `warmup_steps`, the
+    TrainingArguments'), under these transformers and DeepSpeed versions."""
+    key = "scheduler.params.warmup_num_steps"
+    fix = (f"set warmup_steps to 1 or more (the Trainer fills {key} from it), or remove the scheduler block: the "
+           "Trainer's own schedule then applies (lr_scheduler_type, warmup_steps), where no warmup is allowed")
+    if value == "auto":
+        if warmup_steps is None or warmup_steps > 0:
+            return []
+        filled = 1 if transformers >= TRANSFORMERS_FILLS_AT_LEAST_ONE else 0
+    elif isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        filled, fix = value, f"set {key} to 1 or more, or remove the scheduler block (the Trainer's schedule applies)"
+    else:
+        return []
+    if filled < 1 and deepspeed >= DEEPSPEED_REFUSES_NO_WARMUP:
+        source = "warmup_steps is 0 and this transformers fills it as is" if value == "auto" else "it is"
+        return [Finding("error", key, f"{kind} needs at least 1 warmup step and DeepSpeed "
+                                      f"{'.'.join(map(str, deepspeed))} stops the run on {filled} once the model has "
+                                      f"loaded ({source}): {fix}")]
+    given = "warmup_steps 0, which this transformers fills as 1" if value == "auto" and filled else f"{filled}"
+    return [Finding("warning", key, f"{kind} warms up over at least 2 steps whatever it is given ({given}): the first "
+                                    "step trains at the warmup's lowest learning rate. For no warmup remove the "
+                                    "scheduler block (the Trainer's lr_scheduler_type and warmup_steps apply)")]
 
 
 def _zero(config: dict) -> list[Finding]:

@@ -7,6 +7,7 @@ what does nothing or is wrong; every change is returned as a note so nothing is 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from hf_zero3.config import batch
@@ -38,6 +39,12 @@ _TOP_FIELDS = {
 _REBUILT = {"zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "aio", "activation_checkpointing",
             *_TOP_FIELDS}
 _OFFLOAD_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "ratio"}
+
+
+def _never(value: Any) -> bool:
+    """A steps_per_print that never comes round: inf (what accelerate writes to silence DeepSpeed) or null (DeepSpeed
+    0.19's default)."""
+    return value is None or (isinstance(value, float) and not math.isfinite(value) and value > 0)
 
 
 def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -> tuple[ZeroSpec, list[str]]:
@@ -79,6 +86,8 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     for key, field in _TOP_FIELDS.items():
         if key in config:
             fields[field] = config[key]
+    if "steps_per_print" in config and _never(config["steps_per_print"]):  # DeepSpeed prints when steps % it == 0
+        fields["steps_per_print"] = None
     fp16 = _block(config, "fp16")
     bf16 = _block(config, "bf16") or _block(config, "bfloat16")  # "bfloat16": DeepSpeed's old alias
     fields["precision"] = _precision_of_config(fp16.get("enabled"), bf16.get("enabled"))

@@ -149,8 +149,10 @@ class ZeroSpec(Strict):
     """DeepSpeed times forward/backward/step and all-gathers (costs a sync per timer)."""
     gather_16bit_weights_on_save: bool = True
     """ZeRO-3: gather full 16-bit weights when saving, so checkpoints hold loadable weights."""
-    steps_per_print: int = Field(2000, ge=1)
-    """DeepSpeed's own progress print interval (our callbacks do the logging)."""
+    steps_per_print: int | None = Field(2000, ge=1)
+    """DeepSpeed's own progress print interval (our callbacks do the logging); None: never, DeepSpeed 0.19's default,
+    which a ds_config says as `inf` (accelerate writes that into the config a Trainer runs with) or by leaving the
+    key out."""
     extra: dict[str, Any] = {}
     """Top-level DeepSpeed blocks the spec does not model (e.g. flops_profiler), copied verbatim."""
 

@@ -31,6 +31,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from hf_zero3 import recipes
+from hf_zero3.run import lora
 from hf_zero3.run.distributed import free_port
 from hf_zero3.run.hostfile import HOSTFILE_FIX, HostfileError, read_hostfile
 
@@ -118,6 +119,8 @@ def check_versions(overrides: list[str] | tuple[str, ...] = ()) -> list[Result]:
                 if _canonical(req.name) == "torch" else ""
             results.append(Result("FAIL", name, f"{installed} is outside the supported {req.specifier}",
                                   f'pip install "{req}"{hint}'))
+    if (conflict := lora.torchao_conflict()) is not None:  # LoRA runs fail; every other run is unaffected
+        results.append(Result("WARN", "version:peft+torchao", conflict[0], conflict[1]))
     return results
 
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan.lora import linear_layers
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.types import Hardware, Plan, Term, Training
 from hf_zero3.units import GB, gb
@@ -75,6 +76,57 @@ def layer_activation_bytes(shape: ModelShape, precision: str, seq_len: int, atte
     else:
         attn = b * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.heads
     return norms + attn + mlp
+
+
+DROPOUT_MASK_BYTES = 1
+"""Per element of a dropped-out tensor, kept for backward: CUDA's fused dropout (`native_dropout`) keeps a bool mask.
+(The composite dropout of a CPU keeps its mask in the input's dtype: the CPU tests pass that instead.)"""
+
+
+def adapter_element_bytes(spec: ZeroSpec) -> int:
+    """Bytes per element a LoRA adapter computes in. peft makes the adapter fp32 on a 16-bit base (`get_peft_model`'s
+    `autocast_adapter_dtype`) and casts each adapted layer's input to the adapter's dtype. DeepSpeed then casts the
+    model's parameters to the training precision, except under ZeRO-3: its parameters were made at that precision by
+    `zero.Init`, so the engine casts none (DeepSpeed 0.19 `_cast_module_mixed_precision`) and the adapter stays fp32.
+    ZeRO-0/1/2: the training precision."""
+    return 4 if spec.stage == 3 else element_bytes(spec.precision)
+
+
+def lora_layer_activation_bytes(shape: ModelShape, spec: ZeroSpec, training: Training,
+                                mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
+    """Bytes one decoder layer keeps for backward per token with a LoRA adapter on a frozen base (no recomputation):
+    `layer_activation_bytes` less what only the frozen weights' gradients needed, plus what the adapter keeps.
+
+    A frozen layer's input is kept only for its weight's gradient, so torch drops it; but under ZeRO-3 DeepSpeed
+    replaces `F.linear` with its own function (`zero3_linear_wrap`, installed by `zero.Init`), which keeps every
+    linear layer's input whatever needs a gradient. peft's adapted layer computes `B(A(dropout(x)))` beside the frozen
+    one, in the adapter's dtype (`adapter_element_bytes`): with dropout, A keeps the dropped-out copy of x and dropout
+    its mask, per adapted layer (q, k and v each keep their own copy of the one input); without dropout A keeps x
+    itself (shared, nothing more) unless the adapter's dtype differs (then the cast copy). B keeps A's r outputs.
+    So per token: the two norms' outputs (q, k, v's input; gate, up's input) and the SwiGLU product (down's input) go
+    unless a frozen layer (ZeRO-3) or an adapter without dropout or cast still keeps them; eager attention's output
+    likewise (o_proj's input; sdpa and flash keep theirs). Without Liger, the frozen norm weights no longer keep
+    their normalized 16-bit copies. Checked exactly against what torch saves for a tiny Llama with peft on CPU
+    (tests/unit/test_planner_lora.py)."""
+    adapter, b, h = training.adapter, element_bytes(spec.precision), shape.hidden
+    full = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
+    if adapter is None:
+        return full
+    a, zero3 = adapter_element_bytes(spec), spec.stage == 3
+    shares_input = not adapter.dropout and a == b  # A keeps the very tensor the frozen layer reads
+    inputs = {name: width for name, (width, _) in linear_layers(shape).items()}
+
+    def still_kept(layers: tuple[str, ...]) -> bool:
+        return zero3 or (shares_input and any(n in adapter.targets for n in layers))
+
+    dropped = (0 if still_kept(("q_proj", "k_proj", "v_proj")) else b * h) \
+        + (0 if still_kept(("gate_proj", "up_proj")) else b * h) \
+        + (0 if still_kept(("down_proj",)) else b * shape.ffn) \
+        + (0 if training.attention != "eager" or still_kept(("o_proj",)) else b * shape.q_dim) \
+        + (0 if training.liger else 2 * b * h)
+    own = a + mask_bytes if adapter.dropout else (0 if shares_input else a)
+    added = sum(own * inputs[n] + a * adapter.rank for n in adapter.targets)
+    return full - dropped + added
 
 
 def pinned_block_bytes(nbytes: int) -> int:
@@ -166,6 +218,9 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     place = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
     # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
     add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
+    if lora and adapter_element_bytes(spec) > b:
+        add(place[prm], "adapter parameters in fp32 (ZeRO-3 keeps peft's fp32 adapter)",
+            (adapter_element_bytes(spec) - b) * tpart, f"{adapter_element_bytes(spec) - b} B more x {shard(tpart, T)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
         add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
     kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n)
@@ -242,28 +297,31 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     # Activations of one micro batch.
     t, L = training.tokens, shape.layers
     per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
+    stored = lora_layer_activation_bytes(shape, spec, training)  # what a layer keeps; per_layer: its gradients
     final_norm = b * H + 4 if training.liger else 4 * H + 2 * b * H
+    if lora and not training.liger:  # frozen norm and lm_head: no normalized copy; the output only for ZeRO-3's linear
+        final_norm = 4 * H + (b * H if stage == 3 else 0)
+    layer_text = f"{stored} B/layer ({training.attention}" + (", LoRA" if lora else "") + ")"
     if spec.activation_checkpointing and spec.activation_offload:
         n = min(L, OFFLOAD_IN_FLIGHT_LAYERS)
         add("gpu", "activations: checkpointed layer inputs in flight (rest offloaded)", t * n * b * H,
             f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
-        work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
+        work, work_text = stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
     elif spec.activation_checkpointing:
         n = L if spec.checkpointed_layers is None else min(L, spec.checkpointed_layers)
         add("gpu", "activations: checkpointed layer inputs", t * (n * b * H + final_norm),
             f"{t} tokens x ({n} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
         if n < L:  # gradient_checkpointing_layers: the last L - n layers keep everything
-            add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * per_layer,
-                f"{t} tokens x {L - n} x {per_layer} B/layer ({training.attention})", "activation", phase="backward")
-        work, work_text = 2 * per_layer, f"recomputed layer + its gradients: 2 x {per_layer} B"
+            add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * stored,
+                f"{t} tokens x {L - n} x {layer_text}", "activation", phase="backward")
+        work, work_text = stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
     elif spec.activation_offload:
-        add("gpu", "activations: one layer in flight (rest offloaded)", t * per_layer,
-            f"{t} tokens x {per_layer} B/layer ({training.attention})", "activation", phase="backward")
+        add("gpu", "activations: one layer in flight (rest offloaded)", t * stored,
+            f"{t} tokens x {layer_text}", "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
     else:
-        add("gpu", f"activations: {L} layers stored", t * (L * per_layer + final_norm),
-            f"{t} tokens x ({L} x {per_layer} B/layer ({training.attention}) + final norm {final_norm} B)",
-            "activation", phase="backward")
+        add("gpu", f"activations: {L} layers stored", t * (L * stored + final_norm),
+            f"{t} tokens x ({L} x {layer_text} + final norm {final_norm} B)", "activation", phase="backward")
         work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
     if spec.activation_offload:
         pinned, pinned_text = None, ""
@@ -272,13 +330,15 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             pinned = (L + 1) * block + rest
             pinned_text = (f"{L + 1} x {t * b * H} B layer inputs in {block} B pinned blocks + final norm's "
                            f"{t * (final_norm - b * H)} B in {rest} B: powers of two")
-        notes.append(_offload_activations(terms, t, L * (b * H if spec.activation_checkpointing else per_layer)
+        notes.append(_offload_activations(terms, t, L * (b * H if spec.activation_checkpointing else stored)
                                           + final_norm, training.grad_accum, g, pinned, pinned_text))
     if training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
         chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(shape.vocab / H)) - 1).bit_length())
-        add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + b * shape.vocab * H + b * chunk * shape.vocab,
-            f"{b} B x {t} tokens x {H} (input grad) + fp32 loss per token + {b} B x vocab {shape.vocab} x {H} "
-            f"(lm_head grad) + a {chunk}-token chunk of {b}-byte logits", "activation", phase="backward")
+        head = 0 if lora else b * shape.vocab * H  # a frozen lm_head gets no gradient
+        add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + head + b * chunk * shape.vocab,
+            f"{b} B x {t} tokens x {H} (input grad) + fp32 loss per token + "
+            + (f"{b} B x vocab {shape.vocab} x {H} (lm_head grad)" if head else "no lm_head grad (frozen)")
+            + f" + a {chunk}-token chunk of {b}-byte logits", "activation", phase="backward")
         logits = 0
     else:
         logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
@@ -289,6 +349,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
     fixed = hardware.fixed
     margin, tight = dict(fixed.gpu_margin)[stage], dict(fixed.gpu_margin_near_full).get(stage)
+    if lora and stage in dict(fixed.gpu_margin_lora):  # little step churn: an adapter-sized partition
+        margin, tight = dict(fixed.gpu_margin_lora)[stage], None
     left = hardware.usable(hardware.gpu_mem) - fixed.cuda_context - allocated
     if tight is not None and tight * allocated <= left < margin * allocated:
         add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "

@@ -31,6 +31,7 @@ def _fixed_terms(row: dict) -> FixedTerms:
     return FixedTerms(cuda_context=row["cuda_context_bytes"], host_per_rank=row["host_per_rank_bytes"],
                       gpu_margin=tuple((int(s), m) for s, m in row["gpu_margin"].items()),
                       gpu_margin_near_full=tuple((int(s), m) for s, m in row["gpu_margin_near_full"].items()),
+                      gpu_margin_lora=tuple((int(s), m) for s, m in row["gpu_margin_lora"].items()),
                       source=row["source"])
 
 

@@ -28,6 +28,11 @@ GPU_MARGIN_NEAR_FULL = {3: 0.07}
 its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
 140 GiB reserved 4.8% and 6.8% more (benchmarks study 8b-tuned). A plan whose full margin does
 not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
+GPU_MARGIN_LORA = {2: 0.02}
+"""The fragmentation of a LoRA run (a frozen base, a small adapter), by ZeRO stage, in place of `GPU_MARGIN`: its step
+makes and frees only adapter-sized copies. Measured on 1 x H200, Llama-3-8B shape, ZeRO-2, micro 4 x 4096: reserved
+120.1 GiB for 119.6 allocated, 0.4% (benchmarks study lora-8b-h200); planned at 2% until more runs measure it.
+ZeRO-3's LoRA runs keep `GPU_MARGIN` (not measured)."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks study memory-probe-8b)."""
@@ -54,6 +59,8 @@ class FixedTerms:
     gpu_margin: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN.items())
     """Fragmentation (reserved / allocated - 1) by ZeRO stage."""
     gpu_margin_near_full: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_NEAR_FULL.items())
+    gpu_margin_lora: tuple[tuple[int, float], ...] = tuple(GPU_MARGIN_LORA.items())
+    """Fragmentation of a LoRA run by ZeRO stage, where measured (else `gpu_margin`)."""
     source: str = "measured on 2 x H200 (benchmarks study memory-probe-8b)"
 
 
@@ -102,6 +109,27 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter on a frozen base, as the planner counts it: what trains, and what its layers keep for backward."""
+
+    params: int
+    """Its parameters (`plan.lora.adapter_params`, or a built model's count): the only ones that train."""
+    rank: int
+    """r: each adapted layer's A is r x in, its B out x r."""
+    targets: tuple[str, ...]
+    """The adapted linear layers of each decoder layer, by name (`plan.lora.linear_layers`: q_proj, ..., down_proj)."""
+    dropout: bool = True
+    """Dropout on the adapter's input (peft's `lora_dropout` > 0): each adapted layer then keeps its own dropped-out
+    copy of its input and the mask, instead of sharing the input with the frozen layer."""
+
+    def __post_init__(self):
+        if self.params < 1 or self.rank < 1:
+            raise PlanError(f"a LoRA adapter needs params >= 1 and rank >= 1 (got {self.params}, {self.rank})")
+        if not self.targets:
+            raise PlanError("a LoRA adapter needs at least one target layer")
+
+
+@dataclass(frozen=True)
 class Training:
     """What one optimizer step processes on each GPU."""
 
@@ -116,17 +144,21 @@ class Training:
     liger: bool = False
     """Liger kernels (`use_liger_kernel`): RMSNorm keeps its 16-bit input and an fp32 rstd per row, SwiGLU keeps
     gate and up and recomputes the activation, and the fused linear cross-entropy never holds the whole logits."""
-    trainable: int | None = None
-    """LoRA: the adapter's parameters (`plan.lora.adapter_params`), the only ones that train; they come on top of the
+    adapter: Adapter | None = None
+    """LoRA: the adapter (`plan.lora.adapter`), whose parameters are the only ones that train; they come on top of the
     frozen base, which keeps its 16-bit partitions and nothing else (no gradients, fp32 master or optimizer states).
-    None: every parameter trains. Activations are planned as without LoRA."""
+    Its layers change what the activations keep (`plan.memory.lora_layer_activation_bytes`). None: every parameter
+    trains."""
+
+    @property
+    def trainable(self) -> int | None:
+        """The parameters that train when they are not all of them (a LoRA adapter's); None: every parameter."""
+        return self.adapter.params if self.adapter is not None else None
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.trainable is not None and self.trainable < 1:
-            raise PlanError(f"trainable must be >= 1 (got {self.trainable}): the adapter's parameter count")
         if self.load_bytes not in (None, 2, 4):
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
         if self.attention not in ATTENTIONS:

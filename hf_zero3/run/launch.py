@@ -33,7 +33,7 @@ from hf_zero3.config.check import check_ds_config, has_errors, load_config
 from hf_zero3.config.spec import EVERY_PARAMETER
 from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.lora import adapter_params
+from hf_zero3.plan.lora import adapter
 from hf_zero3.plan.memory import gathers_are_views, persists_every_parameter, plan
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
@@ -451,10 +451,10 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
         hardware = _with_profile_and_nvme(
             detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
                             host_ram=sizes["HOST_RAM"]), config, target, headroom)
-        trainable = _lora_params(shape, values)
+        lora_adapter = _lora_adapter(shape, values)
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
                              micro_batch=micro, precision=facts.precision, attention=facts.attention,
-                             load_bytes=load_bytes, liger=facts.liger, trainable=trainable)
+                             load_bytes=load_bytes, liger=facts.liger, adapter=lora_adapter)
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
         return 1
@@ -463,7 +463,7 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
           + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "") + "\n")
     print_choice(shape, hardware, seq, best_choice)
     rc = 0 if best_choice.fits else 1
-    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, trainable),
+    ours = plan(shape, hardware, Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, lora_adapter),
                 facts.spec(config))
     best = best_choice.plan
     verdict = "fits" if ours.fits else "does NOT fit: " + "; ".join(ours.problems())
@@ -480,15 +480,15 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
     return max(rc, 0 if ours.fits else 1)
 
 
-def _lora_params(shape, values: dict) -> int | None:
-    """The adapter's parameter count when the recipe trains LoRA (its `peft:` block): what trains, for the planner."""
+def _lora_adapter(shape, values: dict):
+    """The adapter when the recipe trains LoRA (its `peft:` block), as the planner counts it (`Training.adapter`)."""
     if values.get("peft") is None:
         return None
     try:
         spec = lora.parse(values["peft"])
     except ValueError as e:
         raise PlanError(str(e)) from None
-    return adapter_params(shape, spec.r, spec.target_modules)
+    return adapter(shape, spec.r, spec.target_modules, spec.dropout)
 
 
 def _with_profile_and_nvme(hardware, config: dict, target: Target, headroom: float = 0.0):

@@ -11,9 +11,14 @@ checked: hf_zero3/callbacks/adapter_check.py; export and merge: hf_zero3/checkpo
 from __future__ import annotations
 
 import difflib
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hf_zero3.plan.lora import LINEAR_LAYERS
+from hf_zero3.plan.types import Adapter
 
 ALL_LINEAR = "all-linear"
 """peft's name for every linear layer of the decoder (the output layer, lm_head, excepted)."""
@@ -75,6 +80,53 @@ def unmatched_targets(spec: LoraSpec, module_names: list[str]) -> list[str]:
     return [t for t in spec.target_modules if not any(m == t or m.endswith(f".{t}") for m in module_names)]
 
 
+PEFT_FOR_TORCHAO = {"0.18": "0.19"}
+"""torchao release -> the first peft that works beside it. peft before 0.19 imports `LinearActivationQuantizedTensor`
+from torchao.quantization for every layer it adapts, whenever torchao is installed; torchao 0.18 no longer has it, so
+`get_peft_model` raises ImportError on any model (seen with peft 0.18.1 and torchao 0.18.0)."""
+FIX_TORCHAO = "`pip uninstall torchao` (LoRA does not need it) or `pip install 'peft>={peft}'`"
+
+
+def torchao_conflict(installed: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(what fails, the fix) when the installed peft and torchao (or `installed`: {"peft": version, "torchao":
+    version}) are a pair peft's LoRA fails with (package metadata only: nothing is imported); None when they work
+    together or either is absent."""
+    try:
+        installed = installed or {name: version(name) for name in ("peft", "torchao")}
+    except PackageNotFoundError:
+        return None
+    for torchao, peft in PEFT_FOR_TORCHAO.items():
+        if Version(installed["torchao"]) >= Version(torchao) and Version(installed["peft"]) < Version(peft):
+            return (f"peft {installed['peft']} cannot put a LoRA adapter on a model while torchao "
+                    f"{installed['torchao']} is installed (it imports LinearActivationQuantizedTensor from "
+                    f"torchao.quantization, which torchao {torchao} removed)", FIX_TORCHAO.format(peft=peft))
+    return None
+
+
+def torchao_problem(installed: dict[str, str] | None = None) -> str | None:
+    """`torchao_conflict` as one message naming the fix."""
+    conflict = torchao_conflict(installed)
+    return f"{conflict[0]}: {conflict[1]}" if conflict else None
+
+
+def import_failure(error: ImportError) -> str:
+    """An ImportError raised inside peft as the message a user acts on: the versions of peft and torchao (which peft
+    imports when it is installed) and the fix."""
+    if known := torchao_problem():
+        return known
+    found = {}
+    for name in ("peft", "torchao"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    fix = (f"`pip uninstall torchao` (LoRA does not need it) or a peft release that supports torchao "
+           f"{found['torchao']} (`pip install -U peft`)" if found["torchao"] != "not installed"
+           else "reinstall peft and its dependencies (`pip install --force-reinstall peft`)")
+    return (f"peft {found['peft']} failed to import what LoRA needs ({error}); torchao: {found['torchao']}. "
+            f"Fix: {fix}")
+
+
 def problems(values: dict[str, Any]) -> list[str]:
     """What is wrong with the `peft:` block of these arguments, before anything starts (every rank)."""
     if values.get("peft") is None:
@@ -83,6 +135,8 @@ def problems(values: dict[str, Any]) -> list[str]:
         spec = parse(values["peft"])
     except ValueError as e:
         return str(e).splitlines()
+    if known := torchao_problem():
+        return [f"peft: {known}"]
     if not values.get("model_name_or_path"):
         return ["peft trains a LoRA adapter on pretrained weights, but no model_name_or_path is set: set it to the "
                 "base model (a folder or hub id), or drop the peft block to train every weight"]
@@ -112,8 +166,12 @@ def _module_names(values: dict[str, Any]) -> dict[str, str] | None:
 
 def apply(model, spec: LoraSpec, training_args):
     """`model` with the adapter of `spec` (a peft PeftModel; the base frozen). Gradient checkpointing is switched to
-    the non-reentrant checkpoint unless the arguments chose one. ValueError when peft refuses the targets."""
-    from peft import LoraConfig, get_peft_model
+    the non-reentrant checkpoint unless the arguments chose one. ValueError when peft refuses the targets, or when
+    peft fails on an import (named with peft's and torchao's versions and the fix, `import_failure`)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ValueError(import_failure(e)) from e
 
     if training_args.gradient_checkpointing:
         kwargs = dict(training_args.gradient_checkpointing_kwargs or {})
@@ -123,7 +181,10 @@ def apply(model, spec: LoraSpec, training_args):
             model.enable_input_require_grads()
     config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
                         target_modules=spec.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ImportError as e:  # peft imports optional backends (torchao) as it adapts each layer
+        raise ValueError(import_failure(e)) from e
 
 
 def trainable_params(model) -> int | None:
@@ -131,6 +192,19 @@ def trainable_params(model) -> int | None:
     if not hasattr(model, "peft_config"):
         return None
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+
+
+def planned_adapter(model):
+    """The adapter of a peft model as the planner counts it (`plan.types.Adapter`): its parameters, rank, the layers
+    it adapts (the last name part of each module peft gave an adapter) and whether its dropout is on; None for
+    another model."""
+    params = trainable_params(model)
+    if params is None:
+        return None
+    config = model.peft_config["default"]
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    targets = tuple(n for n in LINEAR_LAYERS if n in adapted)  # the layers the planner knows (PlanError if none)
+    return Adapter(params, config.r, targets, config.lora_dropout > 0)
 
 
 def describe(model) -> str:

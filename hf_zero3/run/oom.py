@@ -13,7 +13,7 @@ from typing import Any
 from hf_zero3.plan.advice import oom_advice
 from hf_zero3.plan.hardware import detect_hardware, gpu_count, host_ram_bytes
 from hf_zero3.plan.shapes import shape_from_config
-from hf_zero3.plan.types import Hardware, Training
+from hf_zero3.plan.types import Adapter, Hardware, Training
 from hf_zero3.run.distributed import local_world_size
 from hf_zero3.run.facts import RunFacts, ds_config_of
 
@@ -50,13 +50,13 @@ def this_machine(training_args: Any) -> Hardware:
 
 
 def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, host: bool = False,
-                       trainable: int | None = None, hardware: Hardware | None = None) -> str:
-    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size (`trainable`: a LoRA
-    run's adapter parameters, `Training.trainable`; the machines default to `this_machine`)."""
+                       adapter: Adapter | None = None, hardware: Hardware | None = None) -> str:
+    """`oom_advice` from what train.py holds: the model config, TrainingArguments and block_size (`adapter`: a LoRA
+    run's adapter, `Training.adapter`; the machines default to `this_machine`)."""
     facts = RunFacts.from_args(training_args, seq_len, model_config)
     spec = facts.spec(ds_config_of(training_args))
     training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger,
-                        trainable=trainable)
+                        adapter=adapter)
     path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
     return oom_advice(shape_from_config(model_config), hardware or this_machine(training_args), training, spec,
                       host=host, ds_config_path=path)

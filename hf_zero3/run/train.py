@@ -39,6 +39,7 @@ from hf_zero3.checkpoint.lifecycle import (
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
+from hf_zero3.plan.types import Adapter
 from hf_zero3.run import activation_offload, experts, lora, regional_compile
 from hf_zero3.run.arguments import (
     ArgumentParser,
@@ -139,14 +140,14 @@ def _banner(trainer) -> str:
 
 
 def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
-                 trainable: int | None = None) -> None:
+                 adapter: Adapter | None = None) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
-    `trainable`: a LoRA run's adapter parameters."""
+    `adapter`: a LoRA run's adapter (`run.lora.planned_adapter`)."""
     kind = oom_kind(error)
     if kind is None:
         return
     try:
-        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", trainable=trainable)
+        advice = oom_advice_for_run(model_config, training_args, seq_len, host=kind == "host", adapter=adapter)
     except Exception as planner_error:  # noqa: BLE001 -- never hide the OOM behind a planner problem
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
@@ -294,7 +295,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        _explain_oom(error, model.config, training_args, data_args.block_size, lora.trainable_params(model))
+        _explain_oom(error, model.config, training_args, data_args.block_size, lora.planned_adapter(model))
         raise
     if preemption.stopped_at is not None:  # a checkpoint, no final model: the run is not finished
         stopped = preemption.outcome(training_args.output_dir)

@@ -1,6 +1,8 @@
 """`hf_zero3.train` plus a callback that records, per rank, what ZeRO-3 holds of a LoRA run (the frozen base's
-partition, the optimizer's fp32 elements) when training begins, and rank 0's logits of a fixed input when it ends
-(launched like training: `torchrun --nproc_per_node 2 tests/integration/lora_probe.py PROBE_DIR CONFIG [overrides]`)."""
+partition, the optimizer's fp32 elements) when training begins, what decoder layer 1 keeps for backward in the first
+forward (with the parameters' dtypes and whether DeepSpeed's linear replaced F.linear), and rank 0's logits of a fixed
+input when it ends (launched like training:
+`torchrun --nproc_per_node 2 tests/integration/lora_probe.py PROBE_DIR CONFIG [overrides]`)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,41 @@ class LoraProbe(TrainerCallback):
             "optimizer_fp32": sum(g.numel() for g in zero.fp32_partitioned_groups_flat),
             "checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in model.modules()),
         }))
+        if not args.gradient_checkpointing:  # the checkpoint's own saved-tensor hooks own a checkpointed forward
+            self._watch_layer(model)
+
+    def _watch_layer(self, model):
+        """The unique storages decoder layer 1 saves for backward in the first forward (parameters excepted)."""
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+        layer = next(m for name, m in model.named_modules() if name.endswith("layers.1"))
+        params, saved, done = {id(p) for p in model.parameters()}, {}, []
+
+        def pack(tensor):
+            if id(tensor) not in params and not isinstance(tensor, torch.nn.Parameter) and tensor.numel():
+                saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+        def before(module, inputs):
+            if not done:
+                hooks.__enter__()
+
+        def after(module, inputs, output):
+            if done:
+                return
+            hooks.__exit__(None, None, None)
+            done.append(True)
+            (self.folder / f"saved{self.rank}.json").write_text(json.dumps({
+                "saved_bytes": sum(saved.values()), "tokens": inputs[0].shape[0] * inputs[0].shape[1],
+                "zero3_linear": torch.nn.functional.linear is zero3_linear_wrap,
+                "dtypes": {kind: sorted({str(p.dtype) for n, p in model.named_parameters() if ("lora_" in n) == lora})
+                           for kind, lora in (("adapter", True), ("base", False))},
+            }))
+
+        layer.register_forward_pre_hook(before)
+        layer.register_forward_hook(after)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         model.eval()

@@ -122,3 +122,36 @@ def test_a_run_resumed_from_a_checkpoint_continues_exactly(trained, tmp_path):
     assert losses(tmp_path / "out") == pytest.approx(losses(root / "out")[3:], abs=1e-5)
     resumed, straight = ckpt.adapter_tensors(tmp_path / "out"), ckpt.adapter_tensors(root / "out")
     assert all(torch.allclose(resumed[k], straight[k], atol=1e-6) for k in straight)
+
+
+def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trained, tmp_path):
+    """One rank, bf16, ZeRO-3 without checkpointing, dropout 0.05: DeepSpeed's linear has replaced F.linear (it keeps
+    every linear layer's input), the adapter stayed fp32 beside the bf16 base (peft's autocast, not cast by the
+    ZeRO-3 engine), and what decoder layer 1 saved in the first forward is the planner's term to the byte, plus the
+    two small terms it leaves out (each norm's fp32 rsqrt, RoPE's bf16 cos and sin per position) and with a CPU's
+    dropout mask in its input's dtype (fp32 here; CUDA keeps a bool)."""
+    from hf_zero3.config.build import build_ds_config
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.lora import adapter
+    from hf_zero3.plan.memory import lora_layer_activation_bytes
+    from hf_zero3.plan.shapes import load_shape
+    from hf_zero3.plan.types import Training
+
+    root, _ = trained
+    spec = ZeroSpec(stage=3, precision="bf16")
+    (tmp_path / "ds.json").write_text(json.dumps(build_ds_config(spec)))
+    peft = {"r": R, "alpha": ALPHA, "dropout": 0.05, "target_modules": "all-linear"}
+    proc = run(["torchrun", "--nproc_per_node", "1", "--master_port", free_port(), "tests/integration/lora_probe.py",
+                tmp_path / "probe", TINY_YAML, "--model_name_or_path", root / "base", "--config_name", "null",
+                "--output_dir", tmp_path / "out", "--peft", json.dumps(peft), "--deepspeed", tmp_path / "ds.json",
+                "--bf16", "true", "--validation_file", "null", "--train_file", "assets/tiny/corpus/validation.txt",
+                "--max_steps", "1", "--save_strategy", "no", "--save_final_model", "false"])
+    assert proc.returncode == 0, explain(proc)
+    seen = json.loads((tmp_path / "probe" / "saved0.json").read_text())
+    assert seen["zero3_linear"] is True
+    assert seen["dtypes"] == {"adapter": ["torch.float32"], "base": ["torch.bfloat16"]}
+    shape, micro, seq = load_shape(str(root / "base")), 8, 128  # the tiny recipe's micro batch and block size
+    assert seen["tokens"] == micro * seq
+    planned = lora_layer_activation_bytes(shape, spec, Training(seq, micro, adapter=adapter(shape, R, "all-linear",
+                                                                                              0.05)), mask_bytes=4)
+    assert seen["saved_bytes"] / seen["tokens"] == planned + 2 * 4 + 2 * 2 * shape.head_dim / micro

@@ -300,3 +300,56 @@ def test_the_one_gpu_persistence_on_more_ranks_is_a_warning():
     assert not [m for m in messages(below, "warning", world_size=8) if "persistence" in m]
     as_float = edit("zero_optimization.stage3_param_persistence_threshold", 1e11)
     assert [m for m in messages(as_float, "warning", world_size=2) if "persistence" in m]
+
+
+def test_a_warmup_scheduler_without_warmup_is_refused_before_start_where_deepspeed_would_stop_the_run():
+    """DeepSpeed 0.19.6+ refuses warmup_num_steps < 1 when the engine starts (after the model loaded); transformers
+    before 5.18 fills "auto" with warmup_steps as it is (0 by default), 5.18+ with at least 1. On the 1 x H200 box
+    (transformers 5.17, DeepSpeed 0.19.8) the stock template stopped with `warmup_num_steps must be a positive
+    integer, got 0` (benchmarks/results/2026-12-03_lora-8b-h200/stock_peft.log)."""
+    from hf_zero3.config.check import warmup_findings
+
+    [old] = warmup_findings("WarmupLR", "auto", 0.0, (5, 17, 0), (0, 19, 8))
+    assert old.level == "error" and old.key == "scheduler.params.warmup_num_steps"
+    assert "set warmup_steps to 1 or more" in old.message and "remove the scheduler block" in old.message
+    [new] = warmup_findings("WarmupLR", "auto", 0.0, (5, 18, 0), (0, 19, 8))
+    assert new.level == "warning" and "the first step trains at the warmup's lowest learning rate" in new.message
+    [clamped] = warmup_findings("WarmupDecayLR", "auto", 0.0, (5, 17, 0), (0, 19, 5))  # DeepSpeed raised it to 2
+    assert clamped.level == "warning"
+    [explicit] = warmup_findings("WarmupCosineLR", 0, None, (5, 24, 0), (0, 19, 8))
+    assert explicit.level == "error" and "set scheduler.params.warmup_num_steps to 1 or more" in explicit.message
+    assert warmup_findings("WarmupLR", "auto", 10.0, (5, 17, 0), (0, 19, 8)) == []
+    assert warmup_findings("WarmupLR", "auto", 0.05, (5, 17, 0), (0, 19, 8)) == []  # a ratio of the steps
+    assert warmup_findings("WarmupLR", 5, None, (5, 17, 0), (0, 19, 8)) == []
+
+
+def test_the_warmup_check_runs_on_what_is_installed_and_deepspeed_refuses_what_it_calls_an_error():
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    from hf_zero3.config.check import DEEPSPEED_REFUSES_NO_WARMUP, _version
+    from hf_zero3.ops.baselines import STOCK_ZERO3
+
+    stock = copy.deepcopy(STOCK_ZERO3)
+    findings = [f for f in check_ds_config(stock, training_args=ta(warmup_steps=0))
+                if f.key == "scheduler.params.warmup_num_steps"]
+    assert len(findings) == 1
+    assert [f for f in check_ds_config(stock, training_args=ta(warmup_steps=10))
+            if f.key == "scheduler.params.warmup_num_steps"] == []
+    assert [f for f in check_ds_config({k: v for k, v in stock.items() if k != "scheduler"},
+                                       training_args=ta(warmup_steps=0)) if "warmup" in f.key] == []
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    if _version("deepspeed") >= DEEPSPEED_REFUSES_NO_WARMUP:
+        with pytest.raises(ValueError, match="warmup_num_steps must be a positive integer"):
+            WarmupLR(optimizer, warmup_num_steps=0)
+
+
+def test_steps_per_print_inf_reads_as_never_print():
+    """accelerate writes `steps_per_print: inf` into the ds_config a Trainer runs with (DeepSpeed's never)."""
+    from hf_zero3.config.convert import spec_from_ds_config
+
+    spec, _ = spec_from_ds_config({**good(), "steps_per_print": float("inf")})
+    assert spec.steps_per_print is None and "steps_per_print" not in build_ds_config(spec)
+    assert spec_from_ds_config(good())[0].steps_per_print == 2000
+    assert "steps_per_print" not in spec_from_ds_config({k: v for k, v in good().items()
+                                                         if k != "steps_per_print"})[0].model_dump(exclude_unset=True)

@@ -45,6 +45,21 @@ def test_installed_venv_is_inside_the_matrix():
     assert doctor.check_python().status == "OK"
 
 
+def test_peft_before_0_19_beside_torchao_0_18_is_a_warning_naming_the_fix(tmp_path, monkeypatch):
+    """The check reads installed package metadata only (nothing is imported): the dist-info of the pair the GPU box
+    had (peft 0.18.1, torchao 0.18.0), first on the path, is what importlib.metadata reports as installed."""
+    for name, version in (("peft", "0.18.1"), ("torchao", "0.18.0")):
+        info = tmp_path / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    results = {r.name: r for r in doctor.check_versions()}
+    pair = results["version:peft+torchao"]
+    assert pair.status == "WARN" and "peft 0.18.1" in pair.detail and "torchao 0.18.0" in pair.detail
+    assert "pip uninstall torchao" in pair.fix and "peft>=0.19" in pair.fix
+    assert results["version:peft"].status == "OK"  # inside the supported range: only the pair fails
+
+
 @pytest.mark.parametrize(("bytes_", "seconds", "world", "algbw", "busbw"), [
     (10**9, 1.0, 2, 1.0, 1.0),      # 2(n-1)/n = 1 for two ranks
     (10**9, 0.5, 8, 2.0, 3.5),      # nccl-tests: busbw = algbw * 2*7/8

@@ -3,6 +3,8 @@ shapes, the trained norms), the key rule against peft's own, the card, the disk 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -168,3 +170,55 @@ def test_merge_is_refused_for_a_full_model_checkpoint_before_anything_is_written
     with pytest.raises(ckpt.CheckpointError, match="holds a full model, not a LoRA adapter: --merge and --base"):
         export_checkpoint(folder, tmp_path / "merged", merge=True)
     assert not (tmp_path / "merged").exists()
+
+
+def test_peft_before_0_19_beside_torchao_0_18_is_refused_before_start_naming_both_and_the_fix():
+    """Seen on the GPU box (benchmarks/results/2026-12-03_lora-8b-h200/first-attempt_lora.log) and reproduced by hand
+    with peft 0.18.1 + torchao 0.18.0 installed together: get_peft_model raises `cannot import name
+    'LinearActivationQuantizedTensor' from 'torchao.quantization'` on any model. The rule, on version pairs."""
+    problem = lora.torchao_problem({"peft": "0.18.1", "torchao": "0.18.0"})
+    assert "peft 0.18.1" in problem and "torchao 0.18.0" in problem
+    assert "`pip uninstall torchao`" in problem and "`pip install 'peft>=0.19'`" in problem
+    assert lora.torchao_problem({"peft": "0.19.0", "torchao": "0.18.0"}) is None
+    assert lora.torchao_problem({"peft": "0.18.1", "torchao": "0.17.0"}) is None
+    assert lora.torchao_problem() is None  # this environment: peft without torchao, or a pair that works
+    assert lora.problems({"peft": {"r": 8}, "model_name_or_path": TINY}) == []
+
+
+def test_an_import_error_inside_get_peft_model_becomes_a_message_with_both_versions_and_the_fix(tmp_path,
+                                                                                             monkeypatch):
+    """A real reproduction needs peft < 0.19 beside torchao 0.18, which this environment does not install (its peft
+    handles torchao 0.18): so a torchao package lacking the tensor class peft imports stands in for it, found by
+    peft as an installed torchao 0.18.0. get_peft_model itself runs and raises the ImportError."""
+    import sys
+
+    from peft import import_utils
+
+    package = tmp_path / "torchao"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text("")  # no TorchAOBaseTensor (peft >= 0.19 imports it as it adapts each layer)
+    (tmp_path / "torchao-0.18.0.dist-info").mkdir()
+    (tmp_path / "torchao-0.18.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torchao\n"
+                                                                     "Version: 0.18.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import_utils.is_torchao_available.cache_clear()  # peft caches whether torchao is there
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1))
+        with pytest.raises(ValueError) as raised:
+            lora.apply(base, lora.parse({"r": 4}), types.SimpleNamespace(gradient_checkpointing=False))
+    finally:
+        import_utils.is_torchao_available.cache_clear()
+        for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+            sys.modules.pop(name)
+    message = str(raised.value)
+    from importlib.metadata import version
+
+    assert f"peft {version('peft')}" in message and "torchao: 0.18.0" in message
+    assert "`pip uninstall torchao`" in message and "supports torchao 0.18.0" in message
+    assert isinstance(raised.value.__cause__, ImportError)
