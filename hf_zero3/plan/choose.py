@@ -16,7 +16,7 @@ from hf_zero3.config import batch
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
-from hf_zero3.plan.memory import gathers_are_views, gpu_kept_optimizer_elements, plan
+from hf_zero3.plan.memory import gathers_are_views, gpu_kept_optimizer_elements, plan, rank_partitions
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.speed import faster_measured, fastest
 from hf_zero3.plan.types import Adapter, Attention, Hardware, Plan, PlanError, Training
@@ -124,7 +124,8 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
     for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
             trains = adapter.params if adapter is not None else shape.params
-            kept = gpu_kept_optimizer_elements(rung, math.ceil(trains / hardware.world_size))[0]
+            partitions = None if adapter is not None else rank_partitions(shape, hardware.world_size)
+            kept = gpu_kept_optimizer_elements(rung, math.ceil(trains / hardware.world_size), partitions)[0]
             key = (kept, rung.offload_optimizer.pin_memory)
             if kept == 0 or key in kept_seen:
                 continue

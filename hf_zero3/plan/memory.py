@@ -149,22 +149,41 @@ def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_ac
             "batches per step), overlapped with compute on side streams")
 
 
-def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int) -> tuple[int, int, int]:
+def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int,
+                                 partitions: list[int] | None = None) -> tuple[int, int, int]:
     """Partial offload (`offload_optimizer.ratio` < 1): elements per rank whose fp32 states stay on the GPU, the
     rank's sub-groups, and how many of them stay. DeepSpeed 0.19 keeps sub-group i on the GPU when
     i < int((1 - ratio) x sub-groups), so the split moves in whole sub-groups: one sub-group keeps nothing."""
     opt = spec.offload_optimizer
     if spec.stage != 3 or opt.device != "cpu" or opt.ratio >= 1:
         return 0, 1, 0
-    sizes = sub_groups(spec, state_n)
+    sizes = sub_groups(spec, state_n, partitions)
     kept_groups = int((1 - opt.ratio) * len(sizes))
     return sum(sizes[:kept_groups]), len(sizes), kept_groups
 
 
-def sub_groups(spec: ZeroSpec, state_n: int) -> list[int]:
-    """Elements of each optimizer sub-group of a rank: DeepSpeed closes a sub-group at the first parameter that takes
-    it to >= sub_group_size, so groups overshoot a little and a small remainder rides along (the 8b probe: 4.015B
-    elements per rank made 4 groups, measured through their pinned blocks); a remainder of 5% or more is a group."""
+def rank_partitions(shape: ModelShape, world: int) -> list[int]:
+    """Each parameter's elements on one rank, in the model's order: ZeRO-3 pads every tensor to a multiple of the
+    world size (`partition_numel`)."""
+    return [math.ceil(n / world) for n in shape.parameter_order()]
+
+
+def sub_groups(spec: ZeroSpec, state_n: int, partitions: list[int] | None = None) -> list[int]:
+    """Elements of each optimizer sub-group of a rank. DeepSpeed (`_create_fp16_sub_groups`) walks the parameters in
+    order and closes a sub-group at the first one that takes it to >= sub_group_size, so a model of large tensors (a
+    mixture of experts' fused experts) makes fewer, larger groups. With the rank's `partitions` in order that walk is
+    repeated exactly; without (a LoRA adapter), groups are taken as full, a remainder of 5% or more as a group of its
+    own (the 8b probe: 4.015B elements per rank made 4 groups, measured through their pinned blocks)."""
+    if partitions is not None:
+        if spec.sub_group_size >= sum(partitions):
+            return [sum(partitions)]
+        groups, size = [], 0
+        for n in partitions:
+            size += n
+            if size >= spec.sub_group_size:
+                groups.append(size)
+                size = 0
+        return groups + ([size] if size else [])
     full, rest = divmod(state_n, spec.sub_group_size)
     if full == 0:
         return [state_n]
@@ -177,7 +196,8 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> list[int]:
+def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int,
+                  partitions: list[int] | None = None) -> list[int]:
     """Bytes of each pinned host block ZeRO-3 with optimizer offload allocates per rank (DeepSpeed 0.19 stage3.py):
     the flat 16-bit gradient partition; with device "cpu" one fp32 gradient buffer per CPU sub-group, and one more
     block of a sub-group's size if some sub-groups stay on the GPU (their pinned staging copy, freed into torch's
@@ -187,7 +207,7 @@ def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int) -> l
     rank = the 2.2 GB gradient partition rounded; benchmarks study nvme-offload-70b-width)."""
     if spec.offload_optimizer.device == "nvme":
         return [grad_bytes]
-    sizes = sub_groups(spec, state_n)
+    sizes = sub_groups(spec, state_n, partitions)
     kept_groups = len([None for total in itertools.accumulate(sizes) if total <= kept]) if kept else 0
     return [grad_bytes] + [4 * n for n in sizes[kept_groups:]] + ([4 * max(sizes)] if kept else [])
 
@@ -223,22 +243,24 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             (adapter_element_bytes(spec) - b) * tpart, f"{adapter_element_bytes(spec) - b} B more x {shard(tpart, T)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
         add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
-    kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n)
+    partitions = None if lora else rank_partitions(shape, W)  # the adapter's order is peft's
+    kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n, partitions)
+    sizes = sub_groups(spec, state_n, partitions)
     if kept:  # partial offload: the first sub-groups keep their fp32 states and gradients on the GPU
         share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n, T)} (ratio {spec.offload_optimizer.ratio:g}: "
                  f"int((1 - ratio) x {groups}) stay)")
         add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
         add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
-        step_tmp = min(spec.sub_group_size, kept)
+        step_tmp = max(sizes[:kept_groups])
         add("gpu", "torch AdamW temporaries (GPU sub-groups)", 4 * step_tmp,
             f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
             phase="step")
     rest = f" less the {_count(kept)} on the GPU" if kept else ""
     add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n, T)}{rest}")
-    sub_group = min(spec.sub_group_size, state_n) if stage == 3 and opt == "none" else state_n - kept
+    sub_group = max(sizes) if stage == 3 and opt == "none" else state_n - kept
     add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
         4 * sub_group, f"4 B x {shard(state_n, T)}{rest}" if sub_group == state_n - kept
-        else f"4 B x sub_group_size {_count(sub_group)}", phase="step")
+        else f"4 B x the largest sub-group, {_count(sub_group)}", phase="step")
     if stage == 3 and opt == "none":  # stage3 _prepare_fp32_grad_for_sub_group: flatten(16-bit grads).to(fp32)
         add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
             f"{b} B x {_count(sub_group)}", "buffer", phase="step")
@@ -255,7 +277,7 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W), page-locked by aio "
             "(not rounded)", "buffer")
     if stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
-        blocks = pinned_blocks(spec, b * grad_n, state_n, kept)
+        blocks = pinned_blocks(spec, b * grad_n, state_n, kept, partitions)
         add("host", "pinned buffers rounded up to powers of 2", sum(_pow2(x) - x for x in blocks),
             f"torch's caching host allocator rounds each pinned block up to a power of 2: {len(blocks)} block(s), "
             f"largest {gb(max(blocks))} -> {gb(_pow2(max(blocks)))} (measured: 24.0 GiB pinned per rank for 22.4)",

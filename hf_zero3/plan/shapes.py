@@ -14,6 +14,7 @@ one list of names, and nothing here overrides what a recipe says.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -153,24 +154,30 @@ class ModelShape:
         block = self.expert_block_params() if self.experts else 0
         return max(self.embedding_params, mlp_linear, q_proj, block)
 
+    def parameter_order(self) -> list[int]:
+        """Elements of each parameter tensor in `model.parameters()` order (transformers' Llama family; a mixture of
+        experts' router first (Mixtral, Qwen2-MoE; Qwen3-MoE's comes after its experts), then its fused gate_up (E, 2f, h)
+        and down (E, h, f) tensors, then shared experts).
+        DeepSpeed cuts its optimizer sub-groups walking this order, so where a large tensor falls decides them."""
+        h, E = self.hidden, self.experts
+        attention = [h * self.q_dim, *([self.q_dim] if self.attention_bias else []),
+                     h * self.kv_dim, *([self.kv_dim] if self.attention_bias else []),
+                     h * self.kv_dim, *([self.kv_dim] if self.attention_bias else []),
+                     h * self.q_dim, *([h] if self.attention_bias else []),
+                     *([self.head_dim, self.head_dim] if self.qk_norm else [])]
+        linear = [h * self.ffn, *([self.ffn] if self.mlp_bias else [])]
+        dense = [*linear, *linear, h * self.ffn, *([h] if self.mlp_bias else [])]
+        moe = [E * h, E * 2 * self.expert_ffn * h, E * self.expert_ffn * h,
+               *([h * self.shared_expert_ffn] * 3 if self.shared_expert_ffn else [])]
+        order = [self.embedding_params]
+        for layer in range(self.layers):
+            order += attention + (dense if layer < self.layers - self.moe_layers else moe) + [h, h]
+        return order + [h] + ([self.lm_head_params] if self.lm_head_params else [])
+
     def tensor_sizes(self) -> list[tuple[int, int]]:
         """(elements, how many) of each kind of parameter tensor: what ZeRO-3's persistence threshold is compared
         with, tensor by tensor."""
-        L, h, E = self.layers, self.hidden, self.experts
-        sizes = [(self.embedding_params, 1), (h, 2 * L + 1), *([(self.head_dim, 2 * L)] if self.qk_norm else []), (h * self.q_dim, 2 * L), (h * self.kv_dim, 2 * L),
-                 (h * self.ffn, 3 * (L - self.moe_layers))]
-        if self.moe_layers:  # transformers 5 fuses the experts: gate_up (E, 2f, h) and down (E, h, f) per layer
-            M = self.moe_layers
-            sizes += [(E * h, M), (E * 2 * self.expert_ffn * h, M), (E * self.expert_ffn * h, M)]
-            if self.shared_expert_ffn:
-                sizes.append((h * self.shared_expert_ffn, 3 * M))
-        if self.lm_head_params:
-            sizes.append((self.lm_head_params, 1))
-        if self.attention_bias:
-            sizes += [(self.q_dim, L), (self.kv_dim, 2 * L), (h, L)]
-        if self.mlp_bias:
-            sizes += [(self.ffn, 2 * L), (h, L)]
-        return sizes
+        return list(collections.Counter(self.parameter_order()).items())
 
     def persistent_params(self, threshold: int) -> int:
         """Elements in the tensors of at most `threshold` elements, which ZeRO-3 keeps whole on every GPU

@@ -18,7 +18,7 @@ from hf_zero3.plan import memory as planner
 from hf_zero3.plan.advice import oom_advice
 from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.memory import layer_activation_bytes, plan
+from hf_zero3.plan.memory import layer_activation_bytes, plan, rank_partitions, sub_groups
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.types import Hardware, PlanError, Training
 from hf_zero3.run import oom
@@ -323,14 +323,16 @@ def test_seed_claim_70b_on_one_node_of_8x40gb():
     assert not next(p for p in choice.tried if p.label == "ZeRO-3 + checkpointing").fits_gpu
     # host: 18 B/param of offloaded states (DeepSpeed's estimator: 16 + our 2 B grad buffer), 8 processes, loading,
     # and the pinned blocks rounded up to powers of 2 (per rank: the 17.24 GB gradient partition takes 2^35 B, eight
-    # 4 GB fp32 gradient sub-groups take 2^32 B each, and so does the 2.49 GB of the 0.62B-element remainder), and
-    # at each save the 16-bit copy of the whole model that rank 0 gathers (2 B x P)
+    # fp32 gradient sub-groups of 1.00-1.03B elements (DeepSpeed closes each at the first tensor past 1e9) take 2^32 B
+    # each, the 0.52B-element remainder 2^31 B), and at each save the 16-bit copy of the model rank 0 gathers (2 B x P)
     P = 68_976_648_192
     part = -(-P // 8)
-    rounding = (2**35 - 2 * part) + 8 * (2**32 - 4 * 10**9) + (2**32 - 4 * (part - 8 * 10**9))
+    groups = sub_groups(best.spec, 0, rank_partitions(S70, 8))
+    assert len(groups) == 9 and all(10**9 <= g < 1.03e9 for g in groups[:8]) and 0.5e9 < groups[8] < 0.53e9
+    rounding = (2**35 - 2 * part) + sum(2**32 - 4 * g for g in groups[:8]) + (2**31 - 4 * groups[8])
     assert best.host_bytes == pytest.approx(
         1.05 * (18 * P + 8 * 6.5 * GB + 8 * 2 * 262_144_000 + 8 * rounding + 2 * P), rel=1e-6)
-    assert round(best.host_bytes / GB) == 1686
+    assert round(best.host_bytes / GB) == 1668
     assert choice.ds_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert choice.training_args["gradient_checkpointing"] is True
 
@@ -338,12 +340,12 @@ def test_seed_claim_70b_on_one_node_of_8x40gb():
 def test_seed_claim_70b_on_two_nodes_of_4x40gb():
     best = choose(S70, _gpus(2, 4), 4096).plan
     assert best.label == "ZeRO-3 + offload optimizer (cpu) + checkpointing"
-    assert round(best.host_bytes / GB) == 916  # half the states (and pinned blocks) per node; the first node gathers
+    assert round(best.host_bytes / GB) == 907  # half the states (and pinned blocks) per node; the first node gathers
     # On 1 TB nodes: 2 x 4 fits, 1 x 8 does not, and the answer says what would
     assert choose(S70, _gpus(2, 4, host=1000 * GB), 4096).fits
     one = choose(S70, _gpus(1, 8, host=1000 * GB), 4096)
     assert not one.fits
-    assert "fits the GPUs but host RAM needs 1,686.3 GB per node of 1,000.0 GB" in one.advice
+    assert "fits the GPUs but host RAM needs 1,668.2 GB per node of 1,000.0 GB" in one.advice
     assert "It would fit on 2 nodes (16 GPUs of 40.0 GB)" in one.advice
 
 
