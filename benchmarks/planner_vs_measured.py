@@ -92,22 +92,22 @@ def ladder_cases() -> list[tuple[str, ZeroSpec, float]]:
 
 # LoRA (r 16, all-linear, dropout 0.05) on the 8B shape, 1 x H200, Liger, micro 4 x 4 (benchmarks/lora_bench.py): the
 # runs that finished; the ds_config each ran is in the record.
-LORA = "results/2026-12-03_lora-8b-h200"
-LORA_VARIANTS = ["lora"]
+LORA_RUNS = [("results/2026-12-03_lora-8b-h200", "lora"), ("results/2026-12-03_lora-8b-h200-rerun", "lora_zero3")]
 
 
 def lora_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
-    """(variant, training, spec, measured peak allocated GiB) of the LoRA runs."""
+    """(study/variant, training, spec, measured peak allocated GiB) of the LoRA runs."""
     from hf_zero3.config.convert import spec_from_ds_config
     from hf_zero3.plan.lora import adapter
 
-    rows = {r["variant"]: r for r in map(json.loads, (HERE / LORA / "lora_bench.jsonl").read_text().splitlines())}
     cases = []
-    for variant in LORA_VARIANTS:
+    for study, variant in LORA_RUNS:
+        rows = {r["variant"]: r for r in map(json.loads, (HERE / study / "lora_bench.jsonl").read_text().splitlines())}
         row, ds = rows[variant], rows[variant]["config"]["ds_config"]
         training = Training(4096, ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"],
                             liger=True, adapter=adapter(load_shape("8b"), 16, "all-linear", 0.05))
-        cases.append((variant, training, _spec(spec_from_ds_config(ds)[0]), row["peak_allocated_gib"]))
+        cases.append((f"{Path(study).name}/{variant}", training, _spec(spec_from_ds_config(ds)[0]),
+                      row["peak_allocated_gib"]))
     return cases
 
 
@@ -143,7 +143,7 @@ def gpu_table() -> str:
                           measured))
     for variant, training, spec, measured in lora_cases():
         predicted = plan(load_shape("8b"), H200X1, training, spec).gpu_allocated_bytes
-        lines.append(_row(f"{Path(LORA).name}/{variant}", f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
+        lines.append(_row(variant, f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
                           f"{training.micro_batch}", predicted, measured))
     return "\n".join(lines) + "\n"
 
