@@ -216,6 +216,19 @@ def release_engine(trainer) -> None:
             cached = method if cell is None else cell.cell_contents
             if hasattr(cached, "cache_clear"):
                 cached.cache_clear()
+    restore_torch_linear()
+
+
+def restore_torch_linear() -> None:
+    """Give torch.nn.functional.linear back once a ZeRO-3 run is over: `zero.Init` replaces it with DeepSpeed's
+    `zero3_linear_wrap` for the rest of the process ("this will persist unless manually reset"), which saves every
+    linear layer's input for backward, frozen or not, so a later run or model in the same process (a notebook, a
+    second `main`) would keep activations its plan does not count."""
+    init = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(init, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    functional = sys.modules.get("torch.nn.functional")
+    if original is not None and functional is not None:
+        functional.linear = original
 
 
 def exit_process(code: int) -> None:

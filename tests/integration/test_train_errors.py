@@ -91,10 +91,13 @@ def test_a_finished_zero3_run_leaves_no_engine_and_no_process_group_thread_behin
     """The cause of the post-run aborts (exit 134, 250 under the launcher): DeepSpeed kept the ZeRO-3 engine, the
     model and the process groups alive after the run (a class-level lru_cache, a module-level module stack, hooks),
     so gloo's and the TCPStore's threads outlived `destroy_process_group` and were torn down in the interpreter's
-    exit. A real ZeRO-3 run (one rank, in this process): once `main` returns, all of it is gone."""
+    exit. A real ZeRO-3 run (one rank, in this process): once `main` returns, all of it is gone, and torch's own
+    F.linear is back (zero.Init replaces it for the process's lifetime)."""
     import gc
 
+    import torch
     from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
 
     from hf_zero3.run.train import main
     from tests.unit.test_train_errors import _process_group_threads
@@ -105,3 +108,4 @@ def test_a_finished_zero3_run_leaves_no_engine_and_no_process_group_thread_behin
     gc.collect()
     assert not [o for o in gc.get_objects() if isinstance(o, DeepSpeedEngine)]
     assert not _process_group_threads() - before
+    assert torch.nn.functional.linear is not zero3_linear_wrap

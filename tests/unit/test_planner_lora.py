@@ -78,8 +78,8 @@ def _saved_bytes_per_token(config, targets, dropout: float, stage: int, monkeypa
     if targets is not None:
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets),
                                autocast_adapter_dtype=stage == 3)
-    if stage == 3:
-        monkeypatch.setattr(torch.nn.functional, "linear", zero3_linear_wrap)  # DeepSpeed's own, as zero.Init sets it
+    # DeepSpeed's own linear as zero.Init sets it, else torch's (whatever an earlier test of this process left)
+    monkeypatch.setattr(torch.nn.functional, "linear", zero3_linear_wrap if stage == 3 else torch._C._nn.linear)
     model.train()
     params, saved = {p.data_ptr() for p in model.parameters()}, {}
 
