@@ -15,8 +15,9 @@
 # Transformers' DeepSpeed defaults make Qwen3MoeSparseMoeBlock a leaf in every stock run: the leaf set by hand.
 # Tokens/s, MFU from the active parameters, peak GPU memory against the planner's figure and host RAM sampled meanwhile
 # (benchmarks/recipe_proof.py). LAYERS=4 AGAINST=stock is the sitting of benchmarks/results/2026-12-03_moe-proof-*.
-# Prediction before the 6-layer run: ours peak allocated within 10% of the plan (79.9 GB planned in all); stock above
-# 80 GB; ours >= 2x stock_offload (a fifth of the optimizer on the host, no parameter offload, against all of both).
+# Prediction before the 6-layer run: ours peak allocated within 10% of the plan (79.9 GB per GPU planned in all);
+# stock above 80 GB; ours >= 2x stock_offload (part of the optimizer states on the host and no parameters, against
+# all of both).
 # Usage, from the repository root: bash benchmarks/gpu_moe_proof.sh OUT   (a call stops itself at BUDGET_S, default
 # 540 s, keeping finished runs; the same command again on the same machine continues: about two calls; the runs' own
 # logs are under outputs/proof/qwen3-30b-a3b-<L>L/runs/: copy them to OUT with the results)
