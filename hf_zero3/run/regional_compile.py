@@ -29,6 +29,15 @@ BACKENDS = ("inductor", "aot_eager", "eager")
 (aot_eager, eager), which checks that a model traces, in seconds."""
 
 
+def _side_effects_run_once(forward):
+    """Trace a checkpointed layer in one graph even when its forward writes Python state outside itself: the `kernels`
+    package that transformers 5 uses wraps attention's forward in a set-and-reset of a global (its kernel routing),
+    which dynamo otherwise refuses inside the checkpoint operator, breaking the graph at every checkpointed layer. The
+    write is undone before the forward returns, so not replaying it when backward recomputes the layer changes
+    nothing."""
+    return torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)(forward)
+
+
 def enable(model: torch.nn.Module, backend: str = "inductor") -> list[torch.nn.Module]:
     """Compile each decoder layer's forward of `model` in place; returns the layers. ValueError, naming the fix, for a
     model without transformers' decoder layers."""
@@ -42,7 +51,7 @@ def enable(model: torch.nn.Module, backend: str = "inductor") -> list[torch.nn.M
     # DeepSpeed's runs inside the compiled forward (no effect without ZeRO-3)
     set_z3_leaf_modules(model, list({type(layer) for layer in layers}))
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=backend)
+        layer.forward = _side_effects_run_once(torch.compile(layer.forward, backend=backend))
         layer._hf_zero3_compiled = True
     return layers
 
