@@ -99,6 +99,14 @@ class TrainingArguments(transformers.TrainingArguments):
     regional_compile_backend: str = field(
         default="inductor", metadata={"help": "torch.compile backend of regional_compile: inductor, or aot_eager / "
                                               "eager (tracing only, no code generation)."})
+    fp8: bool = field(
+        default=False, metadata={"help": "FP8 matmuls in the decoder layers' linears (torchao float8 training; the "
+                                         "weights, gradients and optimizer keep their dtypes). Needs "
+                                         "regional_compile, torchao and an FP8 GPU (compute capability 8.9+). See "
+                                         "hf_zero3/run/fp8.py."})
+    fp8_recipe: str = field(
+        default="tensorwise", metadata={"help": "torchao's float8 scaling with fp8: tensorwise (fastest), rowwise, "
+                                                "rowwise_with_gw_hp (most accurate)."})
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Dense bf16 TFLOP/s of one GPU, for MFU (default: looked up by GPU name; see "
                                         "hf_zero3/callbacks/throughput.py PEAK_TFLOPS)."})

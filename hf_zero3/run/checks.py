@@ -145,6 +145,10 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
         problems.append(str(e))
     problems += _ds_config_problems(values, device)
     problems += lora.problems(values)
+    if values.get("fp8"):
+        from hf_zero3.run import fp8  # torch: imported only when the option is used
+
+        problems += fp8.problems(values, device)
     if problems:
         raise UsageError("\n".join(problems))
 

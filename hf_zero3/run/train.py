@@ -40,7 +40,7 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.types import Adapter
-from hf_zero3.run import activation_offload, experts, lora, regional_compile
+from hf_zero3.run import activation_offload, experts, fp8, lora, regional_compile
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -174,6 +174,22 @@ def _maybe_offload_activations(model, training_args) -> None:
               flush=True)
 
 
+def _maybe_fp8(model, training_args) -> None:
+    """`fp8`: the decoder layers' linears swapped for torchao's Float8Linear (hf_zero3/run/fp8.py), before DeepSpeed
+    wraps the model and its optimizer takes the (unchanged) parameters."""
+    if not training_args.fp8:
+        return
+    try:
+        converted = fp8.enable(model, training_args.fp8_recipe, emulate=training_args.use_cpu)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if is_world_process_zero():
+        how = "emulated on CPU: float8 casts, fp32 matmuls" if training_args.use_cpu else "on FP8 tensor cores"
+        print(f"hf_zero3: fp8 on: {len(converted)} linear layers of the decoder layers multiply in float8 (torchao, "
+              f"{training_args.fp8_recipe} scaling; {how}); the embedding, lm_head and routers do not; MFU counts "
+              "the same FLOPs against the bf16 peak", flush=True)
+
+
 def _maybe_compile_regions(model, training_args) -> None:
     """`regional_compile`: each decoder layer compiled in place (hf_zero3/run/regional_compile.py), after the Trainer
     patched Liger's forwards in, before DeepSpeed wraps the model."""
@@ -288,6 +304,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         **batching,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
+    _maybe_fp8(model, training_args)  # before compiling: the compiled layers trace the float8 casts
     _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
     if trainer.is_world_process_zero():

@@ -1,6 +1,7 @@
 """`regional_compile` under real 2-rank ZeRO-3 on CPU (the tiny recipe, through `deepspeed`): every decoder layer's
 forward is one compiled graph, shared by all layers, with no graph break (ZeRO-3's hooks stay outside it), with
 checkpointing on some layers and not others; and it trains to the same losses and gradient norms as uncompiled.
+With `fp8` (float8 emulated on CPU) it trains close to them and saves plain weights.
 The compiler here is dynamo + AOTAutograd (`aot_eager`: the tracing, without inductor's code generation, which takes a
 minute cold on two cores); tests/gpu/test_regional_compile_gpu.py runs inductor with Liger on a GPU."""
 
@@ -9,7 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from hf_zero3.checkpoint.lifecycle import verify_checkpoint
 from hf_zero3.run.distributed import free_port
 from tests.conftest import TINY_YAML, explain, run, train_log
 
@@ -25,10 +29,17 @@ def _steps(out) -> list[float]:
     return [r[k] for r in train_log(out) if "loss" in r and "train_runtime" not in r for k in ("loss", "grad_norm")]
 
 
-def test_compiled_layers_train_like_uncompiled_under_zero3_in_one_graph(tmp_path):
-    plain = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "--module", "hf_zero3.train",
-                 TINY_YAML, "--output_dir", tmp_path / "plain", *COMMON])
-    assert plain.returncode == 0, explain(plain)
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The uncompiled run both tests compare with: its output folder."""
+    out = tmp_path_factory.mktemp("plain")
+    done = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "--module", "hf_zero3.train",
+                TINY_YAML, "--output_dir", out, *COMMON])
+    assert done.returncode == 0, explain(done)
+    return out
+
+
+def test_compiled_layers_train_like_uncompiled_under_zero3_in_one_graph(tmp_path, plain):
     compiled = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "tests/integration/compile_probe.py",
                     tmp_path / "probe", TINY_YAML, "--output_dir", tmp_path / "compiled", *COMMON,
                     "--regional_compile", "true", "--regional_compile_backend", "aot_eager"])
@@ -43,6 +54,20 @@ def test_compiled_layers_train_like_uncompiled_under_zero3_in_one_graph(tmp_path
         assert not counters.get("recompiles")
         # one graph per checkpointing mode (2 layers recomputed, 2 not), whatever the number of layers
         assert 1 <= counters["stats"]["unique_graphs"] <= 2, counters["stats"]
-    expected = _steps(tmp_path / "plain")
+    expected = _steps(plain)
     assert len(expected) == 8
     assert _steps(tmp_path / "compiled") == pytest.approx(expected, rel=1e-5)
+
+
+def test_fp8_layers_train_close_to_high_precision_and_save_plain_weights(tmp_path, plain):
+    out = tmp_path / "fp8"
+    done = run(["deepspeed", "--num_gpus", "2", "--master_port", free_port(), "--module", "hf_zero3.train", TINY_YAML,
+                "--output_dir", out, *COMMON, "--save_strategy", "steps", "--save_steps", "4", "--save_final_model",
+                "true", "--fp8", "true", "--regional_compile", "true", "--regional_compile_backend", "aot_eager"])
+    assert done.returncode == 0, explain(done)
+    assert "hf_zero3: fp8 on: 28 linear layers" in done.stdout
+    steps, expected = _steps(out), _steps(plain)
+    assert steps == pytest.approx(expected, rel=2e-2) and steps != pytest.approx(expected, rel=1e-6)
+    assert verify_checkpoint(out / "checkpoint-4") == []  # every weight gathered, with its name and shape
+    saved = AutoModelForCausalLM.from_pretrained(out)  # a plain model: nothing of torchao in the weights
+    assert type(saved.model.layers[0].self_attn.q_proj) is torch.nn.Linear

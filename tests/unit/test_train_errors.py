@@ -525,3 +525,10 @@ def test_regional_compile_needs_decoder_layers():
 
     with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
         enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_fp8_without_regional_compile_is_refused_before_anything_starts(capsys, tmp_path):
+    err = train_fails(capsys, "--fp8", "true", "--fp8_recipe", "delayed", "--output_dir", tmp_path / "out")
+    error_naming(err, "fp8 needs regional_compile", "set regional_compile true")
+    error_naming(err, "fp8_recipe 'delayed'", "tensorwise")
+    assert not (tmp_path / "out").exists()
