@@ -8,6 +8,8 @@
 #   rc          ours + regional_compile (inductor), Liger's kernels as ours has them
 #   rc_flce     ours + regional_compile, Liger only for the fused linear cross-entropy (the compiler fuses the rest)
 #   rc_noliger  ours + regional_compile, no Liger (the loss in plain PyTorch)
+#   rc_fp8      rc + fp8 (torchao float8 matmuls in the decoder layers, FP8_RECIPE scaling: default tensorwise)
+#   rc_flce_fp8 rc_flce + fp8
 # Repeats are interleaved (every config once, then again); a micro batch search runs in the first round.
 # Results: OUT/speed-7b_1xH200_<date>_proof.md (the report: every run, the best baseline, ours against it), its
 # .jsonl and .png, rewritten after every run; OUT/speed-7b_bench_state.json (what a later call continues from),
@@ -34,7 +36,7 @@
 #              search starts (the divisors of 16 below it follow on out-of-memory). Measured fits: ZeRO-3 with
 #              checkpointing and Liger at 8, the plain Trainer with checkpointing and Liger at 4, ZeRO-3 without
 #              checkpointing at 1; starting one above shows the larger one does not fit
-#   RC_BACKEND (inductor)
+#   RC_BACKEND (inductor), FP8_RECIPE (tensorwise; rowwise, rowwise_with_gw_hp)
 #   DRY=1      the same on this machine's CPU with the tiny model (seq 128, 4 sequences per step, 1 measured step,
 #              regional compilation traced with aot_eager): checks the plumbing, not the speed
 set -uo pipefail
@@ -67,6 +69,7 @@ if [ ! -f "$state" ] && [ -n "${PREV:-}" ]; then
   echo "continuing from $PREV/${tag}_bench_state.json" | tee -a "$out/proof.log"
 fi
 rc_common='train.regional_compile=true,train.regional_compile_backend="'$backend'"'
+fp8='train.fp8=true,train.fp8_recipe="'${FP8_RECIPE:-tensorwise}'"'
 flce='{"fused_linear_cross_entropy":true,"cross_entropy":false,"rms_norm":false,"swiglu":false,"rope":false}'
 against=(--against tuned
          --tuned "stock_tuned=$start_nockpt" --tuned "stock_tuned=$start_ckpt+ckpt"
@@ -75,7 +78,9 @@ against=(--against tuned
          --tuned "plain_tuned=$start_plain_nockpt" --tuned "plain_tuned=$start_plain_ckpt+ckpt")
 variants=(--variant "rc=$rc_common"
           --variant "rc_flce=$rc_common,train.liger_kernel_config=$flce"
-          --variant "rc_noliger=$rc_common,train.use_liger_kernel=false")
+          --variant "rc_noliger=$rc_common,train.use_liger_kernel=false"
+          --variant "rc_fp8=$rc_common,$fp8"
+          --variant "rc_flce_fp8=$rc_common,$fp8,train.liger_kernel_config=$flce")
 bench_budget=${BENCH_BUDGET_S:-$(( budget - SECONDS - 40 ))}  # 40 s for the planner, the start-up and the copies
 [ "$bench_budget" -ge 1 ] || bench_budget=1
 host_ram=${HOST_RAM:-$(awk '/MemTotal/ {printf "%dKiB", $2}' /proc/meminfo)}

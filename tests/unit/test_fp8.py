@@ -4,12 +4,14 @@ arguments refused before anything starts. The 2-rank ZeRO-3 run is in tests/inte
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_zero3.run import fp8
-from tests.conftest import ROOT
+from tests.conftest import ROOT, explain, run
 
 
 def _model(folder: str = "assets/tiny/model", **overrides) -> torch.nn.Module:
@@ -109,3 +111,9 @@ def test_arguments_fp8_cannot_run_with_are_refused_naming_the_fix(values, phrase
 def test_fp8_on_a_cpu_or_off_needs_nothing_more():
     assert fp8.problems({"fp8": True, "regional_compile": True}, device="cpu") == []
     assert fp8.problems({"regional_compile": True}, device="cuda") == []
+
+
+def test_importing_the_trainer_with_torchao_installed_prints_nothing_of_torchao():
+    done = run([sys.executable, "-c", "import hf_zero3.run.arguments, torchao.float8"])
+    assert done.returncode == 0, explain(done)
+    assert "torchao" not in done.stderr and "Enum subclass" not in done.stderr, done.stderr
