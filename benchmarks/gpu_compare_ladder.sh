@@ -28,6 +28,9 @@
 # the ladder measures what the seed's sentence names (mixed precision, checkpointing, offload) and not the
 # partitioning; ZeRO-1/2 add nothing over ZeRO-3 at world size 1 and can be left out:
 #   GPUS=1 RUNGS=ddp,ddp_seed2,zero3,zero3_ckpt,zero3_ckpt_offload_opt,zero3_ckpt_offload_all
+# FP8 against bf16 (the loss curve `fp8` must match before it is on by default): zero3_rc (each decoder layer
+# compiled) and zero3_fp8 (that with torchao float8 matmuls), judged against the DDP pair's seed spread:
+#   GPUS=1 RUNGS=ddp,ddp_seed2,zero3_rc,zero3_fp8 bash benchmarks/gpu_compare_ladder.sh   # twice at ~9 min a call
 # STOP_AFTER=N stops each rung of the call after its first N steps of the STEPS schedule (same learning rates, so
 # its losses compare step by step with the full rungs): the slow rungs within a short device call.
 # STEPS=100 gives a quick look (~15 min for all) that is not the 500-step schedule.

@@ -29,6 +29,8 @@
 # then, for the whole table in one sitting: VARIANTS=lora,full bash benchmarks/gpu_lora_8b.sh OUT, and last
 # `bash benchmarks/gpu_lora_8b.sh OUT` with VARIANTS unset (it writes the table of all five from their JSON files
 # without running any again; the report lists the variants of each call)
+# REPEATS=3 runs each variant 3 times, interleaved (every variant once, then again), for a published ratio: e.g.
+#   REPEATS=3 VARIANTS=lora,full,stock_peft BUDGET_S=560 bash benchmarks/gpu_lora_8b.sh OUT   # again until done
 # Usage, from the repository root: bash benchmarks/gpu_lora_8b.sh OUT_DIR [more lora_bench.py options]
 set -uo pipefail
 source benchmarks/common.sh || exit 1  # GPU box set-up, llama3_8b_config
@@ -37,5 +39,5 @@ mkdir -p "$out"
 llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape
 timeout -s TERM "${BUDGET_S:-560}" python3 benchmarks/lora_bench.py --out "$out" --model-config outputs/llama3-8b \
   --weights "${WEIGHTS:-outputs/llama3-8b-weights}" --variants "${VARIANTS:-lora,lora_zero3,stock_peft,stock_peft_nockpt,full}" \
-  --global-batch 16 --steps 6 --warmup 2 "${@:2}" 2>&1 | tee -a "$out/lora_bench.log"
+  --global-batch 16 --steps 6 --warmup 2 --repeats "${REPEATS:-1}" "${@:2}" 2>&1 | tee -a "$out/lora_bench.log"
 exit "${PIPESTATUS[0]}"

@@ -17,8 +17,10 @@ Variants (same model, data, sequence length, global batch, steps):
                run's micro batch it would not fit)
 
 Random weights of the model's shape (no download) are written once to WEIGHTS (16 GB for the 8B shape). Results:
-OUT/<variant>.json (per-step times, peak memory), OUT/lora_bench.jsonl (all of them) and OUT/lora_bench.md (the table,
-versions, the resolved configs). A variant whose JSON is there is not run again: the same command continues.
+OUT/<variant>.json (per-step times, peak memory; repeats OUT/<variant>.r2.json, ...), OUT/lora_bench.jsonl (every
+run) and OUT/lora_bench.md (the table: medians over the runs, versions, the resolved configs). With --repeats N the
+runs interleave (every variant once, then again). A run whose JSON is there is not run again: the same command
+continues.
 
 Usage, from the repository root on the GPU box: bash benchmarks/gpu_lora_8b.sh OUT_DIR
 (python3 benchmarks/lora_bench.py --out OUT_DIR [--variants lora,full] [--steps 6] [--warmup 2] ...).
@@ -238,6 +240,11 @@ def check_save(work: Path, steps: int) -> dict:
 def report(args, results: dict, configs: dict) -> str:
     from hf_zero3.plan.hardware import gpu_name, versions
 
+    def tokens(runs: list[dict]) -> str:
+        rates = [r["tokens_per_s_per_gpu"] for r in runs]
+        spread = f" ({len(rates)} runs: {min(rates):,.0f}-{max(rates):,.0f})" if len(rates) > 1 else " (1 run)"
+        return f"{statistics.median(rates):,.0f}{spread}"
+
     lines = [f"# LoRA under ZeRO-3: {args.model_config.name} on 1 x {gpu_name() or 'GPU'}, {time.strftime('%Y-%m-%d')}",
              "", f"Command: `{' '.join(sys.argv)}`", "",
              f"Random weights of the shape (no download), sequence {args.seq_len}, global batch {args.global_batch} "
@@ -246,15 +253,18 @@ def report(args, results: dict, configs: dict) -> str:
              f"{SCHEDULE['lr_scheduler_type']} from {SCHEDULE['learning_rate']:g}, {SCHEDULE['warmup_steps']} warmup "
              "steps. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".", "",
-             "| variant | config | trainable params | tokens/s/GPU | peak alloc GiB | peak reserved GiB | planned GB |",
-             "|---|---|---|---|---|---|---|"]
+             "| variant | config | trainable params | tokens/s/GPU, median | peak alloc GiB, max | peak reserved GiB, max "
+             "| planned GB | failed runs |", "|---|---|---|---|---|---|---|---|"]
     for name in args.variants:
-        r, c = results.get(name), configs.get(name, {})
-        if r is None or "tokens_per_s_per_gpu" not in r:
-            lines.append(f"| {name} | {c.get('label', '')} | | failed (exit {(r or {}).get('rc')}, see {name}.log) | | | |")
+        runs, c = results.get(name, []), configs.get(name, {})
+        ok = [r for r in runs if "tokens_per_s_per_gpu" in r]
+        failed = ", ".join(f"run {i + 1} exit {r.get('rc')}" for i, r in enumerate(runs) if r not in ok) or "none"
+        if not ok:
+            lines.append(f"| {name} | {c.get('label', '')} | | failed (see {name}*.log) | | | | {failed} |")
             continue
-        lines.append(f"| {name} | {c.get('label', '')} | {r['trainable_params']:,} | {r['tokens_per_s_per_gpu']:,.0f} "
-                     f"| {r['peak_allocated_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {c.get('planned_gb', 0):.1f} |")
+        lines.append(f"| {name} | {c.get('label', '')} | {ok[0]['trainable_params']:,} | {tokens(ok)} "
+                     f"| {max(r['peak_allocated_gib'] for r in ok):.1f} | {max(r['peak_reserved_gib'] for r in ok):.1f} "
+                     f"| {c.get('planned_gb', 0):.1f} | {failed} |")
     if "save" in results:
         lines += ["", f"lora_zero3's save: {json.dumps(results['save'])}"]
     lines += ["", "## Resolved configs", ""]
@@ -281,6 +291,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--liger", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--run-timeout", type=int, default=420)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per variant, interleaved")
     args = parser.parse_args()
     if args.liger is None:
         import importlib.util
@@ -292,7 +303,6 @@ def main() -> int:
     results, configs = {}, {}
     tokens_per_step = args.global_batch * args.seq_len
     for name in args.variants:
-        result = args.out / f"{name}.json"
         lora = name != "full"
         ds, overrides, label, gpu_gb = planned(args, lora, stage3=name == "lora_zero3",
                                                no_checkpointing=name == "stock_peft_nockpt")
@@ -302,10 +312,13 @@ def main() -> int:
                                          + (", checkpointing" if name == "stock_peft" else ", no checkpointing"))
         configs[name] = {"label": label, "planned_gb": 0 if stock else gpu_gb, "ds_config": ds,
                          "training_overrides": overrides}
+    for repeat, name in ((r, n) for r in range(1, args.repeats + 1) for n in args.variants):
+        result = args.out / (f"{name}.json" if repeat == 1 else f"{name}.r{repeat}.json")
+        stock, lora, overrides = name.startswith("stock_peft"), name != "full", configs[name]["training_overrides"]
         if not result.is_file():
             shutil.rmtree(args.work / name, ignore_errors=True)  # an earlier attempt's files
             ds_path = args.work / f"{name}_ds_config.json"
-            ds_path.write_text(json.dumps(ds, indent=1))
+            ds_path.write_text(json.dumps(configs[name]["ds_config"], indent=1))
             spec = {"kind": "stock" if stock else "ours", "result": str(result),
                     "tokens_per_step": tokens_per_step, "warmup": args.warmup}
             if stock:
@@ -318,21 +331,25 @@ def main() -> int:
                 spec["argv"] = ours_argv(args, args.work, name, ds_path, overrides, lora)
             spec_path = args.work / f"{name}_spec.json"
             spec_path.write_text(json.dumps(spec, indent=1))
-            print(f"lora_bench: {name}: {label}", flush=True)
-            rc = launch(spec_path, args.out / f"{name}.log", args.run_timeout)
+            print(f"lora_bench: {name} run {repeat}: {configs[name]['label']}", flush=True)
+            rc = launch(spec_path, result.with_suffix(".log"), args.run_timeout)
             if not result.is_file():
                 result.write_text(json.dumps({"rc": rc}))
-        results[name] = json.loads(result.read_text())
-        print(f"lora_bench: {name}: {json.dumps({k: v for k, v in results[name].items() if k != 'step_times_s'})}",
-              flush=True)
-    if "lora_zero3" in args.variants and "tokens_per_s_per_gpu" in results.get("lora_zero3", {}):
-        results["save"] = check_save(args.work, args.steps)
+            if name == "lora_zero3" and "tokens_per_s_per_gpu" in json.loads(result.read_text()):
+                (args.out / "lora_zero3_save.json").write_text(json.dumps(check_save(args.work, args.steps)))
+        results.setdefault(name, []).append(json.loads(result.read_text()))
+        shown = {k: v for k, v in results[name][-1].items() if k != "step_times_s"}
+        print(f"lora_bench: {name} run {repeat}: {json.dumps(shown)}", flush=True)
+    if (args.out / "lora_zero3_save.json").is_file():
+        results["save"] = json.loads((args.out / "lora_zero3_save.json").read_text())
     with (args.out / "lora_bench.jsonl").open("w") as f:
-        for name, r in results.items():
-            f.write(json.dumps({"variant": name, **r, **({"config": configs[name]} if name in configs else {})}) + "\n")
+        for name, runs in results.items():
+            for repeat, r in enumerate(runs if name != "save" else [runs], 1):
+                f.write(json.dumps({"variant": name, "repeat": repeat, **r,
+                                    **({"config": configs[name]} if name in configs else {})}) + "\n")
     (args.out / "lora_bench.md").write_text(report(args, results, configs))
     print((args.out / "lora_bench.md").read_text())
-    return 0 if all("tokens_per_s_per_gpu" in results.get(n, {}) for n in args.variants) else 1
+    return 0 if all("tokens_per_s_per_gpu" in r for n in args.variants for r in results.get(n, [{}])) else 1
 
 
 if __name__ == "__main__":

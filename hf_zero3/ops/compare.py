@@ -30,8 +30,10 @@ from hf_zero3.config.spec import OptimizerOffload, ParamOffload, ZeroSpec
 from hf_zero3.units import current_names
 
 RUNGS = ("ddp", "ddp_seed2", "zero1", "zero2", "zero3", "zero3_ckpt", "zero3_ckpt_offload_opt",
-         "zero3_ckpt_offload_all", "zero3_ckpt_nvme")
-DEFAULT_RUNGS = tuple(r for r in RUNGS if r != "ddp_seed2")
+         "zero3_ckpt_offload_all", "zero3_ckpt_nvme", "zero3_rc", "zero3_fp8")
+"""zero3_rc: ZeRO-3 with each decoder layer compiled (`regional_compile`); zero3_fp8: that with FP8 matmuls (`fp8`),
+whose loss is judged against zero3_rc's and DDP's seed spread."""
+DEFAULT_RUNGS = tuple(r for r in RUNGS if r not in ("ddp_seed2", "zero3_rc", "zero3_fp8"))
 REFERENCE = "ddp"
 
 
@@ -42,6 +44,8 @@ class Rung:
     name: str
     spec: ZeroSpec | None
     data_seed_offset: int = 0
+    train: tuple[str, ...] = ()
+    """Train overrides of the rung beyond its ds_config (compilation, FP8)."""
 
 
 def ladder(names: list[str], *, on_gpu: bool, nvme_path: str | None) -> list[Rung]:
@@ -63,12 +67,16 @@ def ladder(names: list[str], *, on_gpu: bool, nvme_path: str | None) -> list[Run
         "zero3_ckpt_nvme": base.model_copy(update={
             "activation_checkpointing": True, "offload_optimizer": nvme, "sub_group_size": 100_000_000,
             "offload_param": ParamOffload(**nvme.model_dump())}),
+        "zero3_rc": base, "zero3_fp8": base,
     }
     unknown = [n for n in names if n not in specs]
     if unknown:
         raise ValueError(f"unknown rung(s) {unknown}: choose from {', '.join(RUNGS)}")
+    # on CPU the compiler's tracing only: inductor's code generation takes minutes cold on a few cores
+    compiled = ("--regional_compile", "true", "--regional_compile_backend", "inductor" if on_gpu else "aot_eager")
+    train = {"zero3_rc": compiled, "zero3_fp8": (*compiled, "--fp8", "true")}
     return [Rung(n, ZeroSpec.model_validate(specs[n].model_dump()) if specs[n] else None,
-                 1 if n == "ddp_seed2" else 0) for n in names]
+                 1 if n == "ddp_seed2" else 0, train.get(n, ())) for n in names]
 
 
 def ds_config_of(rung: Rung, *, on_gpu: bool) -> dict | None:
@@ -93,7 +101,7 @@ def rung_overrides(rung: Rung, seed: int) -> list[str]:
         out += ["--deepspeed", "null"]
     if rung.data_seed_offset:
         out += ["--data_seed", str(seed + rung.data_seed_offset)]
-    return out
+    return out + list(rung.train)
 
 
 def nvme_skip_reason(nvme_path: str | None) -> str | None:

@@ -24,7 +24,7 @@ def test_each_rung_builds_the_config_it_is_named_after():
     assert rungs["ddp"].spec is None and ds_config_of(rungs["ddp"], on_gpu=True) is None
     stages = {n: ds_config_of(r, on_gpu=True)["zero_optimization"]["stage"] for n, r in rungs.items() if r.spec}
     assert stages == {"zero1": 1, "zero2": 2, "zero3": 3, "zero3_ckpt": 3, "zero3_ckpt_offload_opt": 3,
-                      "zero3_ckpt_offload_all": 3, "zero3_ckpt_nvme": 3}
+                      "zero3_ckpt_offload_all": 3, "zero3_ckpt_nvme": 3, "zero3_rc": 3, "zero3_fp8": 3}
     zero = {n: ds_config_of(r, on_gpu=True)["zero_optimization"] for n, r in rungs.items() if r.spec}
     assert "offload_optimizer" not in zero["zero3_ckpt"] and "offload_param" not in zero["zero3_ckpt"]
     assert zero["zero3_ckpt_offload_opt"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
@@ -39,6 +39,11 @@ def test_overrides_set_checkpointing_and_deepspeed_whatever_the_recipe_says():
     assert rung_overrides(rungs["ddp"], 42) == ["--gradient_checkpointing", "false", "--deepspeed", "null"]
     assert rung_overrides(rungs["ddp_seed2"], 42)[-2:] == ["--data_seed", "43"]
     assert rung_overrides(rungs["zero3"], 42) == ["--gradient_checkpointing", "false"]
+    assert rung_overrides(rungs["zero3_fp8"], 42) == ["--gradient_checkpointing", "false", "--regional_compile",
+                                                      "true", "--regional_compile_backend", "aot_eager", "--fp8", "true"]
+    assert rung_overrides(rungs["zero3_rc"], 42)[-1] == "aot_eager"
+    gpu = {r.name: r for r in ladder(["zero3_fp8"], on_gpu=True, nvme_path=None)}
+    assert "inductor" in gpu["zero3_fp8"].train
     ckpt = rung_overrides(rungs["zero3_ckpt_offload_all"], 42)
     assert ckpt[:2] == ["--gradient_checkpointing", "true"] and json.loads(ckpt[3]) == {"use_reentrant": False}
     # on CPU the offloaded optimizer is torch's AdamW in host buffers that are not pinned
