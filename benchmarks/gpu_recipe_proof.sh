@@ -13,6 +13,12 @@
 #   70b at its exact width with L layers, as shipped in v1 (optimizer states in host RAM):
 #     bash benchmarks/gpu_recipe_proof.sh OUT --recipe 70b --gpus 2 --layers L --as-shipped \
 #       --spec zero3_offload_optimizer --accum 2 --steps 4 --warmup 1 --breakdown --run-timeout 140
+#   10b-h200x1 as shipped against whole-parameter persistence and DeepSpeed's SuperOffload (the CPU Adam step
+#   overlapped with backward; NVIDIA GPUs only), 3 runs each (about 2.5 min a run: three calls):
+#     bash benchmarks/gpu_recipe_proof.sh OUT --recipe 10b-h200x1 --gpus 1 --as-shipped --steps 4 --warmup 1 \
+#       --repeats 3 --run-timeout 240 --breakdown \
+#       --variant "persist=zero_optimization.stage3_param_persistence_threshold=9223372036854775807" \
+#       --variant "superoffload=zero_optimization.offload_optimizer.super_offload=true"
 # Each call stops itself BUDGET_S (default 540) seconds in, keeping every finished run; the same command again
 # continues (--resume: same WORK, default outputs/proof, on the same machine). GPU_MEM (default 141GiB, an H200) and
 # HOST_RAM (default: this node's MemTotal) are what the planner is asked about. On CPU add --cpu (plumbing only).
