@@ -80,7 +80,8 @@ def problems(values: dict[str, Any], device: str) -> list[str]:
         found.append("fp8 with a peft adapter is not supported: drop fp8 (LoRA trains few weights; its frozen base "
                      "matmuls stay bf16) or drop the peft block")
     if values.get("fp16"):
-        found.append("fp8 is trained against bf16 master weights here: use bf16 true instead of fp16")
+        found.append("fp8 with fp16 is not supported: torchao's float8 training casts from bf16 or fp32 (fp16's loss "
+                     "scaling is not made for it); use bf16 true instead of fp16")
     try:
         import torchao.float8  # noqa: F401
     except ImportError as e:
