@@ -190,6 +190,17 @@ def _maybe_fp8(model, training_args) -> None:
               "the same FLOPs against the bf16 peak", flush=True)
 
 
+def _liger_outside_compiled_layers(training_args) -> None:
+    """With `regional_compile` and `use_liger_kernel` but no `liger_kernel_config`: Liger for the loss only
+    (`regional_compile.LIGER_OUTSIDE_LAYERS`), set before the Trainer applies Liger in its __init__."""
+    if not (training_args.regional_compile and training_args.use_liger_kernel) or training_args.liger_kernel_config:
+        return
+    training_args.liger_kernel_config = dict(regional_compile.LIGER_OUTSIDE_LAYERS)
+    if is_world_process_zero():
+        print("hf_zero3: Liger with regional compile: its fused linear cross-entropy only, the compiler fuses the "
+              "layers (liger_kernel_config chooses otherwise)", flush=True)
+
+
 def _maybe_compile_regions(model, training_args) -> None:
     """`regional_compile`: each decoder layer compiled in place (hf_zero3/run/regional_compile.py), after the Trainer
     patched Liger's forwards in, before DeepSpeed wraps the model."""
@@ -295,6 +306,7 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     # __init__ and upload whatever save_model wrote), blind to incomplete saves, stay off.
     by_callbacks = {"save_total_limit": training_args.save_total_limit, "push_to_hub": training_args.push_to_hub}
     training_args.save_total_limit, training_args.push_to_hub = None, False
+    _liger_outside_compiled_layers(training_args)
     trainer = Trainer(
         model=model,
         args=training_args,

@@ -2,8 +2,9 @@
 `python -m pytest tests/gpu/test_speed_levers_gpu.py -m gpu` (about 3 minutes on one H200).
 
 - regional_compile with inductor and Liger (its fused linear cross-entropy stays outside the compiler: the Trainer's
-  whole-model `torch_compile` fails with it in triton.cdiv), under ZeRO-3: it trains, to the losses of uncompiled
-  bf16 within bf16's rounding, with one compiled graph for all layers and no graph break;
+  whole-model `torch_compile` fails with it in triton.cdiv; Liger's layer kernels are off with compiled layers),
+  under ZeRO-3: it trains, to the losses of uncompiled bf16 within bf16's rounding, with one compiled graph for all
+  layers and no graph break; with `fp8` too, on the FP8 tensor cores, close to them;
 - `hf-zero3 bench`'s micro batch search: a tuned baseline started at a micro batch that runs out of GPU memory is
   recorded as such and searched down to one that fits, which the report then counts.
 """
@@ -24,7 +25,7 @@ WIDE = "hidden_size=2048,intermediate_size=5632,num_attention_heads=16,num_key_v
 """The tiny model at a width where the GPU, not Python, sets the pace; still its 1024-token vocabulary."""
 
 
-def test_regional_compile_with_liger_trains_like_uncompiled_under_zero3(tmp_path):
+def test_regional_compile_with_liger_trains_like_uncompiled_under_zero3_and_with_fp8_close_to_it(tmp_path):
     common = ["--max_steps", "6", "--logging_steps", "1", "--save_strategy", "no", "--validation_file", "null",
               "--save_final_model", "false", "--bf16", "true", "--use_liger_kernel", "true", "--config_overrides",
               WIDE, "--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}',
@@ -43,6 +44,11 @@ def test_regional_compile_with_liger_trains_like_uncompiled_under_zero3(tmp_path
         return [r["loss"] for r in train_log(out) if "loss" in r and "train_runtime" not in r]
 
     assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "plain"), rel=2e-2)
+    fp8 = run(["deepspeed", "--num_gpus", "1", "--master_port", free_port(), "--module", "hf_zero3.train", TINY_YAML,
+               "--output_dir", tmp_path / "fp8", *common, "--regional_compile", "true", "--fp8", "true"])
+    assert fp8.returncode == 0, explain(fp8)
+    assert "on FP8 tensor cores" in fp8.stdout
+    assert losses(tmp_path / "fp8") == pytest.approx(losses(tmp_path / "plain"), rel=5e-2)
 
 
 def test_bench_searches_a_tuned_micro_batch_down_after_out_of_memory(tmp_path):

@@ -136,7 +136,7 @@ def test_every_harness_script_parses_and_bench_names_the_recipes_it_runs():
 
 
 def test_a_variant_value_may_be_a_json_object_with_commas():
-    """gpu_speed_7b.sh's rc_flce sets Liger's kernels one by one: the changes split at the commas between keys only."""
+    """gpu_speed_7b.sh's rc_liger_all sets Liger's kernels one by one: the changes split at the commas between keys only."""
     split = _load("recipe_proof").split_changes
     assert split('train.regional_compile=true,train.liger_kernel_config={"rms_norm":false,"rope":false},a.b=[1,2]') == [
         "train.regional_compile=true", 'train.liger_kernel_config={"rms_norm":false,"rope":false}', "a.b=[1,2]"]

@@ -532,3 +532,21 @@ def test_fp8_without_regional_compile_is_refused_before_anything_starts(capsys, 
     error_naming(err, "fp8 needs regional_compile", "set regional_compile true")
     error_naming(err, "fp8_recipe 'delayed'", "tensorwise")
     assert not (tmp_path / "out").exists()
+
+
+def test_liger_with_compiled_layers_keeps_to_the_loss_unless_its_config_says_otherwise():
+    from types import SimpleNamespace
+
+    from hf_zero3.run.regional_compile import LIGER_OUTSIDE_LAYERS
+    from hf_zero3.run.train import _liger_outside_compiled_layers
+
+    args = SimpleNamespace(regional_compile=True, use_liger_kernel=True, liger_kernel_config=None)
+    _liger_outside_compiled_layers(args)
+    assert args.liger_kernel_config == LIGER_OUTSIDE_LAYERS and LIGER_OUTSIDE_LAYERS["fused_linear_cross_entropy"]
+    assert not any(on for kernel, on in LIGER_OUTSIDE_LAYERS.items() if kernel != "fused_linear_cross_entropy")
+    chosen = SimpleNamespace(regional_compile=True, use_liger_kernel=True, liger_kernel_config={"rms_norm": True})
+    uncompiled = SimpleNamespace(regional_compile=False, use_liger_kernel=True, liger_kernel_config=None)
+    for left in (chosen, uncompiled):
+        before = dict(left.__dict__)
+        _liger_outside_compiled_layers(left)
+        assert left.__dict__ == before
