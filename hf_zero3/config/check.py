@@ -151,6 +151,7 @@ def check_ds_config(
     findings += _bridge_matches(config, training_args or {})
     findings += _warmup(config, training_args)
     findings += _zero(config)
+    findings += _super_offload(config, device)
     findings += _optimizer(config.get("optimizer"))  # after _zero: a partial-offload problem is named first
     findings += _persistence(config, world_size)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
@@ -566,6 +567,23 @@ def warmup_findings(kind: str, value: Any, warmup_steps: float | None, transform
     return [Finding("warning", key, f"{kind} warms up over at least 2 steps whatever it is given ({given}): the first "
                                     "step trains at the warmup's lowest learning rate. For no warmup remove the "
                                     "scheduler block (the Trainer's lr_scheduler_type and warmup_steps apply)")]
+
+
+def _super_offload(config: dict, device: str | None) -> list[Finding]:
+    """`offload_optimizer.super_offload` (DeepSpeed's CPU Adam step overlapped with backward): what DeepSpeed 0.19
+    asserts once the model has loaded, or ignores."""
+    key = "zero_optimization.offload_optimizer.super_offload"
+    if _get(config, key) is not True:
+        return []
+    stage = _get(config, "zero_optimization.stage", 0)
+    opt_device = _get(config, "zero_optimization.offload_optimizer.device")
+    if stage != 3 or opt_device != "cpu":
+        return [Finding("error", key, f"SuperOffload needs ZeRO stage 3 with offload_optimizer.device 'cpu' (stage is "
+                                      f"{stage}, device {opt_device!r}): set both, or remove super_offload")]
+    if device == "cpu":
+        return [Finding("error", key, "SuperOffload runs on NVIDIA GPUs only (DeepSpeed asserts a CUDA accelerator "
+                                      "after the model has loaded): remove super_offload for a run on CPU")]
+    return []
 
 
 def _zero(config: dict) -> list[Finding]:

@@ -122,6 +122,12 @@ BAD_INPUTS = [
      {"training_args": ta(fp16=True, bf16=True)}, "fp16.enabled: fp16 and bf16 would both be on"),
     ("bf16 in the config without --bf16", good(), {"training_args": ta()},
      "bf16.enabled: the config says true but TrainingArguments bf16 is false: set bf16.enabled to 'auto'"),
+    ("SuperOffload on CPU ranks", edit("zero_optimization.offload_optimizer", {"device": "cpu", "super_offload": True},
+                                       edit("optimizer", {"type": "AdamW", "params": {}})), {"device": "cpu"},
+     "zero_optimization.offload_optimizer.super_offload: SuperOffload runs on NVIDIA GPUs only"),
+    ("SuperOffload without an offloaded optimizer", edit("zero_optimization.offload_optimizer",
+                                                         {"device": "none", "super_offload": True}), {"device": "cuda"},
+     "SuperOffload needs ZeRO stage 3 with offload_optimizer.device 'cpu' (stage is 3, device 'none')"),
     ("gradient_clipping differs from max_grad_norm", edit("gradient_clipping", 0.5),
      {"training_args": ta(bf16=True)},
      "gradient_clipping: the config says 0.5 but TrainingArguments max_grad_norm is 1.0"),
@@ -353,3 +359,9 @@ def test_steps_per_print_inf_reads_as_never_print():
     assert spec_from_ds_config(good())[0].steps_per_print == 2000
     assert "steps_per_print" not in spec_from_ds_config({k: v for k, v in good().items()
                                                          if k != "steps_per_print"})[0].model_dump(exclude_unset=True)
+
+
+def test_superoffload_with_an_offloaded_optimizer_on_gpus_is_accepted():
+    config = edit("zero_optimization.offload_optimizer", {"device": "cpu", "super_offload": True},
+                  edit("optimizer", {"type": "AdamW", "params": {}}))
+    assert not [f for f in check_ds_config(config, device="cuda") if "super_offload" in f.key]
