@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 
 from tests.conftest import ROOT
 
@@ -156,3 +157,19 @@ def test_the_step_profile_sorts_kernels_into_categories_and_overlaps_count_once(
              "Memcpy DtoH (Device -> Pinned)": "copies", "aten::mm": "matmul", "cudaLaunchKernel": "other"}
     for name, expected in names.items():
         assert profile.category(name).startswith(expected), (name, profile.category(name))
+
+
+def test_background_commands_run_in_turn_past_their_starter_under_one_deadline(tmp_path):
+    script, run_dir = ROOT / "benchmarks" / "background.sh", tmp_path / "run"
+    started = subprocess.run(["bash", script, "start", run_dir, "3", "echo a > $RESULTS/a.txt", "sleep 30",
+                              "echo never"], capture_output=True, text=True, timeout=10)
+    assert started.returncode == 0, started.stderr  # returned at once: the commands run on in their own session
+    again = subprocess.run(["bash", script, "start", run_dir, "3", "true"], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr
+    done = subprocess.run(["bash", script, "wait", run_dir, "30", tmp_path / "r.tgz"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = [line.split(" ", 3) for line in (run_dir / "status").read_text().splitlines()]
+    assert [s[:2] for s in status] == [["01", "0"], ["02", "124"], ["03", "skipped"]]  # the deadline cut the sleep
+    assert (run_dir / "a.txt").read_text() == "a\n" and (tmp_path / "r.tgz").stat().st_size > 0
+    fresh = subprocess.run(["bash", script, "wait", tmp_path / "none", "1"], capture_output=True, text=True)
+    assert fresh.returncode == 3
