@@ -25,8 +25,8 @@
 #   bash benchmarks/gpu_speed_7b.sh OUT1                                      # again until "all runs done"
 #   REPEATS=3 VARIANTS=ours,rc,rc_fp8,stock_tuned_ckpt,plain_tuned_ckpt PREV=OUT1 bash benchmarks/gpu_speed_7b.sh OUT2
 # Settings (environment):
-#   VARIANTS   configs to run in this call (default: all): ours, rc, rc_liger_all, rc_noliger, rc_fp8; a baseline (stock_tuned,
-#              zero2_tuned, fsdp2_tuned, plain_tuned: both settings); one setting (stock_tuned_ckpt,
+#   VARIANTS   configs to run in this call (default: all): ours, rc, rc_liger_all, rc_noliger, rc_fp8; a baseline
+#              (stock_tuned, zero2_tuned, fsdp2_tuned, plain_tuned: both settings); one setting (stock_tuned_ckpt,
 #              plain_tuned_nockpt, ...); one run without search (stock_tuned_8_ckpt)
 #   REPEATS    runs per config (default 3); a call runs what is missing up to it
 #   PREV       an earlier call's OUT to continue from (its speed-7b_bench_state.json), when WORK has no state

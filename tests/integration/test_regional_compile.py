@@ -3,7 +3,7 @@ forward is one compiled graph, shared by all layers, with no graph break (ZeRO-3
 checkpointing on some layers and not others; and it trains to the same losses and gradient norms as uncompiled.
 With `fp8` (float8 emulated on CPU) it trains close to them and saves plain weights.
 The compiler here is dynamo + AOTAutograd (`aot_eager`: the tracing, without inductor's code generation, which takes a
-minute cold on two cores); tests/gpu/test_regional_compile_gpu.py runs inductor with Liger on a GPU."""
+minute cold on two cores); tests/gpu/test_speed_levers_gpu.py runs inductor with Liger on a GPU."""
 
 from __future__ import annotations
 
