@@ -253,8 +253,8 @@ def report(args, results: dict, configs: dict) -> str:
              f"{SCHEDULE['lr_scheduler_type']} from {SCHEDULE['learning_rate']:g}, {SCHEDULE['warmup_steps']} warmup "
              "steps. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".", "",
-             "| variant | config | trainable params | tokens/s/GPU, median | peak alloc GiB, max | peak reserved GiB, max "
-             "| planned GB | failed runs |", "|---|---|---|---|---|---|---|---|"]
+             "| variant | config | trainable params | tokens/s/GPU, median | peak alloc GiB, max "
+             "| peak reserved GiB, max | planned GB | failed runs |", "|---|---|---|---|---|---|---|---|"]
     for name in args.variants:
         runs, c = results.get(name, []), configs.get(name, {})
         ok = [r for r in runs if "tokens_per_s_per_gpu" in r]
@@ -262,9 +262,9 @@ def report(args, results: dict, configs: dict) -> str:
         if not ok:
             lines.append(f"| {name} | {c.get('label', '')} | | failed (see {name}*.log) | | | | {failed} |")
             continue
+        allocated, reserved = (max(r[key] for r in ok) for key in ("peak_allocated_gib", "peak_reserved_gib"))
         lines.append(f"| {name} | {c.get('label', '')} | {ok[0]['trainable_params']:,} | {tokens(ok)} "
-                     f"| {max(r['peak_allocated_gib'] for r in ok):.1f} | {max(r['peak_reserved_gib'] for r in ok):.1f} "
-                     f"| {c.get('planned_gb', 0):.1f} | {failed} |")
+                     f"| {allocated:.1f} | {reserved:.1f} | {c.get('planned_gb', 0):.1f} | {failed} |")
     if "save" in results:
         lines += ["", f"lora_zero3's save: {json.dumps(results['save'])}"]
     lines += ["", "## Resolved configs", ""]

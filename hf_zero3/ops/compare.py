@@ -31,8 +31,8 @@ from hf_zero3.units import current_names
 
 RUNGS = ("ddp", "ddp_seed2", "zero1", "zero2", "zero3", "zero3_ckpt", "zero3_ckpt_offload_opt",
          "zero3_ckpt_offload_all", "zero3_ckpt_nvme", "zero3_rc", "zero3_fp8")
-"""zero3_rc: ZeRO-3 with each decoder layer compiled (`regional_compile`); zero3_fp8: that with FP8 matmuls (`fp8`),
-whose loss is judged against zero3_rc's and DDP's seed spread."""
+"""zero3_rc: ZeRO-3 with each decoder layer compiled (`regional_compile`); zero3_fp8: that with FP8 matmuls (`fp8`).
+Like every rung, their losses are judged against DDP's and the DDP seed spread."""
 DEFAULT_RUNGS = tuple(r for r in RUNGS if r not in ("ddp_seed2", "zero3_rc", "zero3_fp8"))
 REFERENCE = "ddp"
 
@@ -276,7 +276,7 @@ def _within(records: list[dict], steps: set[int]) -> list[dict]:
     return [r for r in records if "loss" in r and r["step"] in steps]
 
 
-def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) -> str:
+def render_report(summaries: dict[str, dict], records: dict[str, list[dict]], label: str | None = None) -> str:
     """The Markdown report: memory and throughput against DDP, loss deviation against DDP and its seed spread
     (over the same steps, so a rung that ran fewer steps is held to the same yardstick)."""
     ran = {n: s for n, s in summaries.items() if measured(s)}
@@ -284,7 +284,8 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
     on_gpu = any(s.get("gpu_peak_allocated_gib") for s in ran.values())
     ref, base = ran.get(REFERENCE), records.get(REFERENCE, [])
     mem_key = "gpu_peak_allocated_gib" if on_gpu else "host_rss_gib"
-    lines = [f"# Seed claims measured: {first.get('label', '?')} on {first.get('hardware_short', '?')} "
+    label = label or first.get("label", "compare")
+    lines = [f"# Seed claims measured: {label} on {first.get('hardware_short', '?')} "
              f"({first.get('date', '?')})", "",
              f"Hardware: {first.get('hardware', '?')}  ",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in (first.get("versions") or {}).items()) + "  ",
@@ -348,7 +349,7 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]]) ->
         lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_sci(spread['max'])}, "
                   f"final {_sci(spread['final'])}, last-10% mean {_sci(spread['tail_mean'])}. A ZeRO rung "
                   "within this spread converges like DDP as far as this run can tell."]
-    lines += ["", f"![loss curves and memory per rung]({first.get('label', 'compare')}.png)", "",
+    lines += ["", f"![loss curves and memory per rung]({label}.png)", "",
               "## Commands and resolved ds_configs", ""]
     for name, s in ran.items():
         lines += [f"### {name}", "", "```", s.get("command", "?"), "```", ""]
@@ -412,7 +413,7 @@ def write_report(out_dir: Path, label: str) -> Path:
     """Rebuild `<out>/<label>.md` and `.png` from every rung recorded in `<out>/rungs/`."""
     summaries, records = load_results(out_dir / "rungs")
     report = out_dir / f"{label}.md"
-    report.write_text(render_report(summaries, records))
+    report.write_text(render_report(summaries, records, label))
     plot(report.with_suffix(".png"), summaries, records)
     return report
 

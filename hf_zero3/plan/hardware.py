@@ -14,7 +14,7 @@ import shutil
 
 from hf_zero3.plan.types import Hardware, PlanError
 
-VERSIONED = ("torch", "deepspeed", "transformers", "accelerate", "liger-kernel", "flash-attn")
+VERSIONED = ("torch", "deepspeed", "transformers", "accelerate", "liger-kernel", "flash-attn", "peft", "torchao")
 """The packages whose versions a benchmark or a checkpoint records (the ones not installed are left out)."""
 
 

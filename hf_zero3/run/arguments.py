@@ -102,8 +102,8 @@ class TrainingArguments(transformers.TrainingArguments):
     fp8: bool = field(
         default=False, metadata={"help": "FP8 matmuls in the decoder layers' linears (torchao float8 training; the "
                                          "weights, gradients and optimizer keep their dtypes). Needs "
-                                         "regional_compile, torchao and an FP8 GPU (compute capability 8.9+). See "
-                                         "hf_zero3/run/fp8.py."})
+                                         "regional_compile and torchao; on a GPU, FP8 tensor cores (compute "
+                                         "capability 8.9+); emulated on CPU. See hf_zero3/run/fp8.py."})
     fp8_recipe: str = field(
         default="tensorwise", metadata={"help": "torchao's float8 scaling with fp8: tensorwise (fastest), rowwise, "
                                                 "rowwise_with_gw_hp (most accurate)."})

@@ -4,7 +4,7 @@ Each `nn.Linear` inside a decoder layer becomes torchao's `Float8Linear`: its in
 cast to float8 with dynamic scales (recipe `tensorwise`: one scale per tensor; `rowwise`: one per row) and multiplied
 on the GPU's FP8 tensor cores. The weights, their gradients and the optimizer states keep their dtypes and names, so
 ZeRO-3 partitions them, and checkpoints and exports hold them, as without FP8. The embedding, the lm_head (its
-logits feed the loss) and a mixture of experts' routers stay in 16 bit, as torchtitan keeps them.
+logits feed the loss) and a mixture of experts' routers keep their own dtype, as torchtitan keeps them.
 
 It needs `regional_compile`: uncompiled, every cast is a kernel of its own, and `Float8Linear` saves a view of the
 weight (`weight.t()`) for backward, which under ZeRO-3 keeps each gathered weight alive after the partitioner
@@ -31,7 +31,8 @@ FP8_CAPABILITY = (8, 9)
 """The first CUDA compute capability with FP8 tensor cores (Ada: L4, L40S; Hopper 9.0: H100, H200; Blackwell)."""
 
 ALIGNMENT = 16
-"""FP8 matmuls (`torch._scaled_mm`) need both dimensions of the weight divisible by 16: other linears stay 16 bit."""
+"""FP8 matmuls (`torch._scaled_mm`) need both dimensions of the weight divisible by 16: other linears keep their
+dtype."""
 
 
 def converts(module: torch.nn.Module, name: str, layer_names: tuple[str, ...], experts: int) -> bool:
@@ -76,6 +77,9 @@ def problems(values: dict[str, Any], device: str) -> list[str]:
         found.append("fp8 needs regional_compile: true: uncompiled, each float8 cast is a kernel of its own (slower "
                      "than bf16) and, under ZeRO-3, every gathered weight stays alive until backward; set "
                      "regional_compile true")
+    elif values.get("regional_compile_backend") == "eager":
+        found.append("fp8 with regional_compile_backend eager keeps views of the gathered weights for backward, as "
+                     "uncompiled (only AOTAutograd's graphs save the weights themselves): use inductor or aot_eager")
     if values.get("peft") is not None:
         found.append("fp8 with a peft adapter is not supported: drop fp8 (LoRA trains few weights; its frozen base "
                      "matmuls stay bf16) or drop the peft block")

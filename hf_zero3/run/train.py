@@ -193,7 +193,8 @@ def _maybe_fp8(model, training_args) -> None:
 def _liger_outside_compiled_layers(training_args) -> None:
     """With `regional_compile` and `use_liger_kernel` but no `liger_kernel_config`: Liger for the loss only
     (`regional_compile.LIGER_OUTSIDE_LAYERS`), set before the Trainer applies Liger in its __init__."""
-    if not (training_args.regional_compile and training_args.use_liger_kernel) or training_args.liger_kernel_config:
+    chosen = training_args.liger_kernel_config is not None
+    if chosen or not (training_args.regional_compile and training_args.use_liger_kernel):
         return
     training_args.liger_kernel_config = dict(regional_compile.LIGER_OUTSIDE_LAYERS)
     if is_world_process_zero():

@@ -137,7 +137,8 @@ def test_every_harness_script_parses_and_bench_names_the_recipes_it_runs():
 
 
 def test_a_variant_value_may_be_a_json_object_with_commas():
-    """gpu_speed_7b.sh's rc_liger_all sets Liger's kernels one by one: the changes split at the commas between keys only."""
+    """gpu_speed_7b.sh's rc_liger_all sets Liger's kernels one by one: the changes split at the commas between keys
+    only."""
     split = _load("recipe_proof").split_changes
     assert split('train.regional_compile=true,train.liger_kernel_config={"rms_norm":false,"rope":false},a.b=[1,2]') == [
         "train.regional_compile=true", 'train.liger_kernel_config={"rms_norm":false,"rope":false}', "a.b=[1,2]"]
@@ -173,3 +174,24 @@ def test_background_commands_run_in_turn_past_their_starter_under_one_deadline(t
     assert (run_dir / "a.txt").read_text() == "a\n" and (tmp_path / "r.tgz").stat().st_size > 0
     fresh = subprocess.run(["bash", script, "wait", tmp_path / "none", "1"], capture_output=True, text=True)
     assert fresh.returncode == 3
+
+
+def test_the_lora_table_gives_medians_over_the_runs_and_names_the_failed_ones():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    bench = _load("lora_bench")
+    args = SimpleNamespace(model_config=Path("llama3-8b"), seq_len=4096, global_batch=16, steps=6, warmup=2, rank=16,
+                           variants=["lora", "full", "stock_peft"])
+
+    def ok(rate, peak):
+        return {"tokens_per_s_per_gpu": rate, "peak_allocated_gib": peak, "peak_reserved_gib": peak + 1,
+                "trainable_params": 41_943_040}
+
+    results = {"lora": [ok(13_000, 119.0), {"rc": 124}, ok(13_400, 119.6)], "full": [ok(4_000, 120.0)],
+               "stock_peft": [{"rc": 1}]}
+    rows = {line.split(" | ")[0].strip("| "): line for line in bench.report(args, results, {}).splitlines()
+            if line.startswith("| ") and not line.startswith("| variant")}
+    assert "| 13,200 (2 runs: 13,000-13,400) | 119.6 | 120.6 |" in rows["lora"] and "run 2 exit 124" in rows["lora"]
+    assert "4,000 (1 run)" in rows["full"] and rows["full"].endswith("| none |")
+    assert "failed (see stock_peft*.log)" in rows["stock_peft"] and "run 1 exit 1" in rows["stock_peft"]

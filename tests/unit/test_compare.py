@@ -39,8 +39,9 @@ def test_overrides_set_checkpointing_and_deepspeed_whatever_the_recipe_says():
     assert rung_overrides(rungs["ddp"], 42) == ["--gradient_checkpointing", "false", "--deepspeed", "null"]
     assert rung_overrides(rungs["ddp_seed2"], 42)[-2:] == ["--data_seed", "43"]
     assert rung_overrides(rungs["zero3"], 42) == ["--gradient_checkpointing", "false"]
-    assert rung_overrides(rungs["zero3_fp8"], 42) == ["--gradient_checkpointing", "false", "--regional_compile",
-                                                      "true", "--regional_compile_backend", "aot_eager", "--fp8", "true"]
+    assert rung_overrides(rungs["zero3_fp8"], 42) == [
+        "--gradient_checkpointing", "false", "--regional_compile", "true", "--regional_compile_backend", "aot_eager",
+        "--fp8", "true"]
     assert rung_overrides(rungs["zero3_rc"], 42)[-1] == "aot_eager"
     gpu = {r.name: r for r in ladder(["zero3_fp8"], on_gpu=True, nvme_path=None)}
     assert "inductor" in gpu["zero3_fp8"].train

@@ -102,10 +102,24 @@ def test_fp8_trains_a_step_close_to_high_precision():
     ({"fp8": True, "regional_compile": True, "fp8_recipe": "delayed"}, "fp8_recipe 'delayed': choose one of"),
     ({"fp8": True, "regional_compile": True, "peft": {"r": 8}}, "drop fp8"),
     ({"fp8": True, "regional_compile": True, "fp16": True}, "use bf16 true"),
+    ({"fp8": True, "regional_compile": True, "regional_compile_backend": "eager"}, "use inductor or aot_eager"),
 ])
 def test_arguments_fp8_cannot_run_with_are_refused_naming_the_fix(values, phrase):
     found = fp8.problems(values, device="cpu")
     assert len(found) == 1 and phrase in found[0], found
+
+
+def test_a_gpu_without_fp8_tensor_cores_and_a_missing_torchao_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA A100-SXM4-80GB")
+    [found] = fp8.problems({"fp8": True, "regional_compile": True}, device="cuda")
+    assert "compute capability 8.9+" in found and "A100-SXM4-80GB has 8.0: drop fp8" in found
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
+    assert fp8.problems({"fp8": True, "regional_compile": True}, device="cuda") == []
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # what an environment without torchao imports
+    [found] = fp8.problems({"fp8": True, "regional_compile": True}, device="cuda")
+    assert "fp8 needs torchao" in found and "pip install torchao" in found
 
 
 def test_fp8_on_a_cpu_or_off_needs_nothing_more():
