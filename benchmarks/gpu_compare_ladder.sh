@@ -30,7 +30,7 @@
 #   GPUS=1 RUNGS=ddp,ddp_seed2,zero3,zero3_ckpt,zero3_ckpt_offload_opt,zero3_ckpt_offload_all
 # FP8 against bf16 (the loss curve `fp8` must match before it is on by default): zero3_rc (each decoder layer
 # compiled) and zero3_fp8 (that with torchao float8 matmuls), judged against the DDP pair's seed spread:
-#   GPUS=1 RUNGS=ddp,ddp_seed2,zero3_rc,zero3_fp8 bash benchmarks/gpu_compare_ladder.sh   # twice at ~9 min a call
+#   GPUS=1 RUNGS=ddp,ddp_seed2,zero3_rc,zero3_fp8 bash benchmarks/gpu_compare_ladder.sh   # ~18 min: run it twice
 # STOP_AFTER=N stops each rung of the call after its first N steps of the STEPS schedule (same learning rates, so
 # its losses compare step by step with the full rungs): the slow rungs within a short device call.
 # STEPS=100 gives a quick look (~15 min for all) that is not the 500-step schedule.

@@ -14,7 +14,7 @@
 #     bash benchmarks/gpu_recipe_proof.sh OUT --recipe 70b --gpus 2 --layers L --as-shipped \
 #       --spec zero3_offload_optimizer --accum 2 --steps 4 --warmup 1 --breakdown --run-timeout 140
 #   10b-h200x1 as shipped against whole-parameter persistence and DeepSpeed's SuperOffload (the CPU Adam step
-#   overlapped with backward; NVIDIA GPUs only), 3 runs each (about 2.5 min a run: three calls):
+#   overlapped with backward; NVIDIA GPUs only), 3 runs each (about 2.5 min a run, ~23 min in all):
 #     bash benchmarks/gpu_recipe_proof.sh OUT --recipe 10b-h200x1 --gpus 1 --as-shipped --steps 4 --warmup 1 \
 #       --repeats 3 --run-timeout 240 --breakdown \
 #       --variant "persist=zero_optimization.stage3_param_persistence_threshold=9223372036854775807" \
