@@ -16,10 +16,12 @@
 #               the template's WarmupLR block removed, so the Trainer's schedule (the same as ours) applies
 #   stock_peft_nockpt  the same without checkpointing (a user tries both), at lora_zero3's micro batch (2 x 8): the
 #               stock run is ZeRO-3 too (an fp32 adapter, every linear input kept), where micro 4 does not fit
+#   plain_peft  the stock script on the plain Trainer without DeepSpeed (one GPU), no checkpointing, micro 4 x 4
 # Prediction, written before any run: lora 9,000-13,000 tokens/s/GPU (backward without weight gradients: ~4N instead
 # of 6N FLOPs per token), peak allocated within 10% of the plan; lora_zero3 within 10% of lora (one GPU: ZeRO-3's gathers
 # are views); full 2,500-5,000 (offload + recompute); stock_peft 0.6-0.85x lora (recompute, "auto" persistence on one
-# GPU), stock_peft_nockpt 0.8-1.0x lora. Prediction for the re-run (after the first): lora_zero3 peak allocated
+# GPU), stock_peft_nockpt 0.8-1.0x lora; plain_peft (added later, before its first run) 0.95-1.05x lora (one GPU:
+# ZeRO-2's reduction is a copy). Prediction for the re-run (after the first): lora_zero3 peak allocated
 # 95-101 GiB (planned 100.5; the plan may only be above), stock_peft_nockpt about the same memory at micro 2.
 # The 16 GB of random weights are written first (~1 min).
 # Time: start-up ~80 s per run (8B from disk) + 6 steps; lora ~2 min, full ~4 min. One call stops itself BUDGET_S
@@ -37,7 +39,8 @@ source benchmarks/common.sh || exit 1  # GPU box set-up, llama3_8b_config
 out=${1:?OUT_DIR}
 mkdir -p "$out"
 llama3_8b_config  # outputs/llama3-8b: the Llama-3-8B shape
+variants=${VARIANTS:-lora,lora_zero3,stock_peft,stock_peft_nockpt,plain_peft,full}
 timeout -s TERM "${BUDGET_S:-560}" python3 benchmarks/lora_bench.py --out "$out" --model-config outputs/llama3-8b \
-  --weights "${WEIGHTS:-outputs/llama3-8b-weights}" --variants "${VARIANTS:-lora,lora_zero3,stock_peft,stock_peft_nockpt,full}" \
+  --weights "${WEIGHTS:-outputs/llama3-8b-weights}" --variants "$variants" \
   --global-batch 16 --steps 6 --warmup 2 --repeats "${REPEATS:-1}" "${@:2}" 2>&1 | tee -a "$out/lora_bench.log"
 exit "${PIPESTATUS[0]}"

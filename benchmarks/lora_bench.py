@@ -15,6 +15,8 @@ Variants (same model, data, sequence length, global batch, steps):
   stock_peft_nockpt  the same without gradient checkpointing (the other setting a user tries), at the micro batch of
                the planner's best ZeRO-3 option without checkpointing (the stock run is ZeRO-3 too: at the LoRA
                run's micro batch it would not fit)
+  plain_peft   the same script on the plain Trainer without DeepSpeed (on one GPU, what a user tries first): no
+               checkpointing, the LoRA run's micro batch and accumulation, Liger when installed
 
 Random weights of the model's shape (no download) are written once to WEIGHTS (16 GB for the 8B shape). Results:
 OUT/<variant>.json (per-step times, peak memory; repeats OUT/<variant>.r2.json, ...), OUT/lora_bench.jsonl (every
@@ -39,7 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VARIANTS = ("lora", "lora_zero3", "full", "stock_peft", "stock_peft_nockpt")
+VARIANTS = ("lora", "lora_zero3", "full", "stock_peft", "stock_peft_nockpt", "plain_peft")
+STOCK = ("stock_peft", "stock_peft_nockpt", "plain_peft")
+"""The variants a user writes by hand (run_stock), not hf_zero3 train."""
 DROPOUT = 0.05
 """The adapter's dropout in every LoRA variant (ours and the stock ones)."""
 SCHEDULE = {"learning_rate": 1e-4, "lr_scheduler_type": "linear", "warmup_steps": 0}
@@ -209,10 +213,12 @@ def ours_argv(args, work: Path, name: str, ds_path: Path, overrides: dict, lora:
     return argv
 
 
-def launch(spec_path: Path, log: Path, timeout: int) -> int:
+def launch(spec_path: Path, log: Path, timeout: int, deepspeed: bool = True) -> int:
+    """One variant's process: under DeepSpeed's launcher, or plain python for the run without DeepSpeed."""
     from hf_zero3.run.distributed import free_port
 
-    cmd = ["deepspeed", "--num_gpus", "1", "--master_port", str(free_port()), __file__, "_run", str(spec_path)]
+    cmd = ["deepspeed", "--num_gpus", "1", "--master_port", str(free_port())] if deepspeed else [sys.executable]
+    cmd += [__file__, "_run", str(spec_path)]
     with log.open("w") as f:
         try:
             return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
@@ -306,15 +312,17 @@ def main() -> int:
         lora = name != "full"
         ds, overrides, label, gpu_gb = planned(args, lora, stage3=name == "lora_zero3",
                                                no_checkpointing=name == "stock_peft_nockpt")
-        stock = name.startswith("stock_peft")
-        if stock:
+        stock = name in STOCK
+        if name == "plain_peft":
+            ds, label = None, "plain Trainer (no DeepSpeed) + peft by hand, no checkpointing"
+        elif stock:
             ds, label = _stock_zero3(), ("transformers' ZeRO-3 template (no scheduler block) + peft by hand"
                                          + (", checkpointing" if name == "stock_peft" else ", no checkpointing"))
         configs[name] = {"label": label, "planned_gb": 0 if stock else gpu_gb, "ds_config": ds,
                          "training_overrides": overrides}
     for repeat, name in ((r, n) for r in range(1, args.repeats + 1) for n in args.variants):
         result = args.out / (f"{name}.json" if repeat == 1 else f"{name}.r{repeat}.json")
-        stock, lora, overrides = name.startswith("stock_peft"), name != "full", configs[name]["training_overrides"]
+        stock, lora, overrides = name in STOCK, name != "full", configs[name]["training_overrides"]
         if not result.is_file():
             shutil.rmtree(args.work / name, ignore_errors=True)  # an earlier attempt's files
             ds_path = args.work / f"{name}_ds_config.json"
@@ -322,7 +330,8 @@ def main() -> int:
             spec = {"kind": "stock" if stock else "ours", "result": str(result),
                     "tokens_per_step": tokens_per_step, "warmup": args.warmup}
             if stock:
-                spec.update({"ds_config": str(ds_path), "seq_len": args.seq_len, "steps": args.steps,
+                spec.update({"ds_config": str(ds_path) if configs[name]["ds_config"] else None,
+                         "seq_len": args.seq_len, "steps": args.steps,
                              "checkpointing": name == "stock_peft",
                              "micro_batch": overrides["per_device_train_batch_size"],
                              "grad_accum": overrides["gradient_accumulation_steps"], "rank": args.rank,
@@ -332,7 +341,7 @@ def main() -> int:
             spec_path = args.work / f"{name}_spec.json"
             spec_path.write_text(json.dumps(spec, indent=1))
             print(f"lora_bench: {name} run {repeat}: {configs[name]['label']}", flush=True)
-            rc = launch(spec_path, result.with_suffix(".log"), args.run_timeout)
+            rc = launch(spec_path, result.with_suffix(".log"), args.run_timeout, name != "plain_peft")
             if not result.is_file():
                 result.write_text(json.dumps({"rc": rc}))
             if name == "lora_zero3" and "tokens_per_s_per_gpu" in json.loads(result.read_text()):
