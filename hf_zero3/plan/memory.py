@@ -83,49 +83,37 @@ DROPOUT_MASK_BYTES = 1
 (The composite dropout of a CPU keeps its mask in the input's dtype: the CPU tests pass that instead.)"""
 
 
-def adapter_element_bytes(spec: ZeroSpec) -> int:
-    """Bytes per element a LoRA adapter computes in. peft makes the adapter fp32 on a 16-bit base (`get_peft_model`'s
-    `autocast_adapter_dtype`) and casts each adapted layer's input to the adapter's dtype. DeepSpeed then casts the
-    model's parameters to the training precision, except under ZeRO-3: its parameters were made at that precision by
-    `zero.Init`, so the engine casts none (DeepSpeed 0.19 `_cast_module_mixed_precision`) and the adapter stays fp32.
-    ZeRO-0/1/2: the training precision."""
-    return 4 if spec.stage == 3 else element_bytes(spec.precision)
-
-
 def lora_layer_activation_bytes(shape: ModelShape, spec: ZeroSpec, training: Training,
                                 mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
     """Bytes one decoder layer keeps for backward per token with a LoRA adapter on a frozen base (no recomputation):
     `layer_activation_bytes` less what only the frozen weights' gradients needed, plus what the adapter keeps.
 
-    A frozen layer's input is kept only for its weight's gradient, so torch drops it; but under ZeRO-3 DeepSpeed
-    replaces `F.linear` with its own function (`zero3_linear_wrap`, installed by `zero.Init`), which keeps every
-    linear layer's input whatever needs a gradient. peft's adapted layer computes `B(A(dropout(x)))` beside the frozen
-    one, in the adapter's dtype (`adapter_element_bytes`): with dropout, A keeps the dropped-out copy of x and dropout
-    its mask, per adapted layer (q, k and v each keep their own copy of the one input); without dropout A keeps x
-    itself (shared, nothing more) unless the adapter's dtype differs (then the cast copy). B keeps A's r outputs.
-    So per token: the two norms' outputs (q, k, v's input; gate, up's input) and the SwiGLU product (down's input) go
-    unless a frozen layer (ZeRO-3) or an adapter without dropout or cast still keeps them; eager attention's output
-    likewise (o_proj's input; sdpa and flash keep theirs). Without Liger, the frozen norm weights no longer keep
-    their normalized 16-bit copies. Checked exactly against what torch saves for a tiny Llama with peft on CPU
-    (tests/unit/test_planner_lora.py)."""
+    A frozen layer's input is kept only for its weight's gradient, so it is dropped, at every ZeRO stage: ZeRO-3's
+    linear is `run.zero3_linear`, which keeps an input only for a weight that trains (DeepSpeed's own keeps every
+    input). peft's adapted layer computes `B(A(dropout(x)))` beside the frozen one, in the training precision (the
+    adapter is not upcast under DeepSpeed: `run.lora.apply`): with dropout, A keeps the dropped-out copy of x and
+    dropout its mask, per adapted layer (q, k and v each keep their own copy of the one input); without dropout A
+    keeps x itself (shared, nothing more). B keeps A's r outputs. So per token: the two norms' outputs (q, k, v's
+    input; gate, up's input) and the SwiGLU product (down's input) go unless an adapter without dropout still keeps
+    them; eager attention's output likewise (o_proj's input; sdpa and flash keep theirs). Without Liger, the frozen
+    norm weights no longer keep their normalized 16-bit copies. Checked exactly against what torch saves for a tiny
+    Llama with peft on CPU (tests/unit/test_planner_lora.py)."""
     adapter, b, h = training.adapter, element_bytes(spec.precision), shape.hidden
     full = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
     if adapter is None:
         return full
-    a, zero3 = adapter_element_bytes(spec), spec.stage == 3
-    shares_input = not adapter.dropout and a == b  # A keeps the very tensor the frozen layer reads
     inputs = {name: width for name, (width, _) in linear_layers(shape).items()}
 
-    def still_kept(layers: tuple[str, ...]) -> bool:
-        return zero3 or (shares_input and any(n in adapter.targets for n in layers))
+    def still_kept(layers: tuple[str, ...]) -> bool:  # A keeps the very tensor the frozen layer reads
+        return not adapter.dropout and any(n in adapter.targets for n in layers)
 
     dropped = (0 if still_kept(("q_proj", "k_proj", "v_proj")) else b * h) \
         + (0 if still_kept(("gate_proj", "up_proj")) else b * h) \
         + (0 if still_kept(("down_proj",)) else b * shape.ffn) \
         + (0 if training.attention != "eager" or still_kept(("o_proj",)) else b * shape.q_dim) \
         + (0 if training.liger else 2 * b * h)
-    own = a + mask_bytes if adapter.dropout else (0 if shares_input else a)
-    added = sum(own * inputs[n] + a * adapter.rank for n in adapter.targets)
+    own = b + mask_bytes if adapter.dropout else 0
+    added = sum(own * inputs[n] + b * adapter.rank for n in adapter.targets)
     return full - dropped + added
 
 
@@ -238,9 +226,6 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     place = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
     # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
     add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
-    if lora and adapter_element_bytes(spec) > b:
-        add(place[prm], "adapter parameters in fp32 (ZeRO-3 keeps peft's fp32 adapter)",
-            (adapter_element_bytes(spec) - b) * tpart, f"{adapter_element_bytes(spec) - b} B more x {shard(tpart, T)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
         add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
     partitions = None if lora else rank_partitions(shape, W)  # the adapter's order is peft's
@@ -321,8 +306,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
     stored = lora_layer_activation_bytes(shape, spec, training)  # what a layer keeps; per_layer: its gradients
     final_norm = b * H + 4 if training.liger else 4 * H + 2 * b * H
-    if lora and not training.liger:  # frozen norm and lm_head: no normalized copy; the output only for ZeRO-3's linear
-        final_norm = 4 * H + (b * H if stage == 3 else 0)
+    if lora and not training.liger:  # frozen norm and lm_head: the norm's fp32 input only
+        final_norm = 4 * H
     layer_text = f"{stored} B/layer ({training.attention}" + (", LoRA" if lora else "") + ")"
     if spec.activation_checkpointing and spec.activation_offload:
         n = min(L, OFFLOAD_IN_FLIGHT_LAYERS)

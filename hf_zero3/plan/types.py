@@ -28,11 +28,12 @@ GPU_MARGIN_NEAR_FULL = {3: 0.07}
 its free cached blocks and retries before it fails, so less is held back: ZeRO-3 runs at 119-123 GiB allocated of
 140 GiB reserved 4.8% and 6.8% more (benchmarks study 8b-tuned). A plan whose full margin does
 not fit but this one does gets the memory the GPU leaves (labelled so). Not measured for ZeRO-1/2: no such rule."""
-GPU_MARGIN_LORA = {2: 0.02}
+GPU_MARGIN_LORA = {2: 0.02, 3: 0.02}
 """The fragmentation of a LoRA run (a frozen base, a small adapter), by ZeRO stage, in place of `GPU_MARGIN`: its step
-makes and frees only adapter-sized copies. Measured on 1 x H200, Llama-3-8B shape, ZeRO-2, micro 4 x 4096: reserved
-120.1 GiB for 119.6 allocated, 0.4% (benchmarks study lora-8b-h200); planned at 2% until more runs measure it.
-ZeRO-3's LoRA runs keep `GPU_MARGIN` (not measured)."""
+makes and frees only adapter-sized copies. Measured on 1 x H200, Llama-3-8B shape, micro 4 x 4096 at ZeRO-2: reserved
+120.1 GiB for 119.6 allocated, 0.4% (benchmarks study lora-8b-h200); micro 2 x 4096 at ZeRO-3 (then with DeepSpeed's
+linear and an fp32 adapter): 99.7 GiB for 99.0, 0.7% (study lora-8b-h200-rerun). Planned at 2% until more runs
+measure it."""
 HOST_PER_RANK_BYTES = int(6.5 * GB)
 """Resident memory of one training process beyond what it holds for the model: Python, torch, CUDA, NCCL and
 DeepSpeed. Measured with offload on 2 x H200: 5.7-6.1 GiB per rank (benchmarks study memory-probe-8b)."""

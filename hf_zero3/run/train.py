@@ -273,6 +273,10 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
 
     set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
+    if training_args.deepspeed:  # DeepSpeed's module is loaded by now: the import costs nothing here
+        from hf_zero3.run import zero3_linear
+
+        zero3_linear.install()  # where zero.Init put DeepSpeed's linear: a frozen weight's input is not kept
     if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
         try:
             model = lora.apply(model, lora.parse(model_args.peft), training_args)

@@ -125,11 +125,11 @@ def test_a_run_resumed_from_a_checkpoint_continues_exactly(trained, tmp_path):
 
 
 def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trained, tmp_path):
-    """One rank, bf16, ZeRO-3 without checkpointing, dropout 0.05: DeepSpeed's linear has replaced F.linear (it keeps
-    every linear layer's input), the adapter stayed fp32 beside the bf16 base (peft's autocast, not cast by the
-    ZeRO-3 engine), and what decoder layer 1 saved in the first forward is the planner's term to the byte, plus the
-    two small terms it leaves out (each norm's fp32 rsqrt, RoPE's bf16 cos and sin per position) and with a CPU's
-    dropout mask in its input's dtype (fp32 here; CUDA keeps a bool)."""
+    """One rank, bf16, ZeRO-3 without checkpointing, dropout 0.05: ZeRO-3's linear (`run.zero3_linear`: a frozen
+    layer's input is not kept) has replaced F.linear, the adapter is bf16 like the base (not peft's fp32: DeepSpeed
+    keeps the fp32 master weights), and what decoder layer 1 saved in the first forward is the planner's term to the
+    byte, plus the two small terms it leaves out (each norm's fp32 rsqrt, RoPE's bf16 cos and sin per position) and
+    with a CPU's dropout mask in its input's dtype (bf16 here; CUDA keeps a bool)."""
     from hf_zero3.config.build import build_ds_config
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.lora import adapter
@@ -149,9 +149,11 @@ def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trai
     assert proc.returncode == 0, explain(proc)
     seen = json.loads((tmp_path / "probe" / "saved0.json").read_text())
     assert seen["zero3_linear"] is True
-    assert seen["dtypes"] == {"adapter": ["torch.float32"], "base": ["torch.bfloat16"]}
+    assert seen["dtypes"] == {"adapter": ["torch.bfloat16"], "base": ["torch.bfloat16"]}
+    began = json.loads((tmp_path / "probe" / "rank0.json").read_text())
+    assert began["optimizer_fp32"] == began["trainable"]  # the bf16 adapter's fp32 master weights
     shape, micro, seq = load_shape(str(root / "base")), 8, 128  # the tiny recipe's micro batch and block size
     assert seen["tokens"] == micro * seq
     planned = lora_layer_activation_bytes(shape, spec, Training(seq, micro, adapter=adapter(shape, R, "all-linear",
-                                                                                              0.05)), mask_bytes=4)
+                                                                                              0.05)), mask_bytes=2)
     assert seen["saved_bytes"] / seen["tokens"] == planned + 2 * 4 + 2 * 2 * shape.head_dim / micro
