@@ -12,11 +12,15 @@ Variants (same model, data, sequence length, global batch, steps):
                decay nor start without warmup, and DeepSpeed 0.19.6+ refuses its warmup of 0), peft's
                get_peft_model by hand, gradient checkpointing (non-reentrant, as peft's docs say), the LoRA run's
                micro batch and accumulation, Liger when installed (a switch a user sets without code)
-  stock_peft_nockpt  the same without gradient checkpointing (the other setting a user tries), at the micro batch of
-               the planner's best ZeRO-3 option without checkpointing (the stock run is ZeRO-3 too: at the LoRA
-               run's micro batch it would not fit)
+  stock_peft_nockpt  the same without gradient checkpointing (the other setting a user tries), from the micro batch
+               of the planner's best ZeRO-3 option without checkpointing
   plain_peft   the same script on the plain Trainer without DeepSpeed (on one GPU, what a user tries first): no
                checkpointing, the LoRA run's micro batch and accumulation, Liger when installed
+
+A stock variant that runs out of GPU memory runs again at the next smaller micro batch (a divisor of the global batch,
+the accumulation keeping it), as a user would: the stock setup keeps more than ours (DeepSpeed's linear keeps every
+frozen layer's input, peft's adapter is fp32 under ZeRO-3), so our planner's micro batch may not fit it. Each
+attempt's log stays (<variant>.m<micro>.log).
 
 Random weights of the model's shape (no download) are written once to WEIGHTS (16 GB for the 8B shape). Results:
 OUT/<variant>.json (per-step times, peak memory; repeats OUT/<variant>.r2.json, ...), OUT/lora_bench.jsonl (every
@@ -49,6 +53,15 @@ DROPOUT = 0.05
 SCHEDULE = {"learning_rate": 1e-4, "lr_scheduler_type": "linear", "warmup_steps": 0}
 """The learning-rate schedule of every variant, ours and stock: the Trainer's linear decay from 1e-4, no warmup."""
 DATA = {"tokenizer": "assets/tiny/model", "train_file": "assets/tiny/corpus/train.txt"}
+
+
+def smaller_micro(micro: int, global_batch: int) -> int | None:
+    """The next micro batch down that divides the global batch (one GPU), or None below 1."""
+    return next((m for m in range(micro - 1, 0, -1) if global_batch % m == 0), None)
+
+
+def out_of_memory(log: Path) -> bool:
+    return log.is_file() and "CUDA out of memory" in log.read_text(errors="replace")
 
 
 def _stock_zero3() -> dict:
@@ -339,9 +352,20 @@ def main() -> int:
             else:
                 spec["argv"] = ours_argv(args, args.work, name, ds_path, overrides, lora)
             spec_path = args.work / f"{name}_spec.json"
-            spec_path.write_text(json.dumps(spec, indent=1))
-            print(f"lora_bench: {name} run {repeat}: {configs[name]['label']}", flush=True)
-            rc = launch(spec_path, result.with_suffix(".log"), args.run_timeout, name != "plain_peft")
+            while True:
+                spec_path.write_text(json.dumps(spec, indent=1))
+                print(f"lora_bench: {name} run {repeat}: {configs[name]['label']}", flush=True)
+                rc = launch(spec_path, result.with_suffix(".log"), args.run_timeout, name != "plain_peft")
+                smaller = smaller_micro(spec.get("micro_batch", 1), args.global_batch)
+                if not stock or result.is_file() or smaller is None or not out_of_memory(result.with_suffix(".log")):
+                    break
+                tried = spec["micro_batch"]  # out of memory: the next micro batch down, as a user would
+                result.with_suffix(".log").rename(result.with_suffix(f".m{tried}.log"))
+                spec.update({"micro_batch": smaller, "grad_accum": args.global_batch // smaller})
+                overrides.update({"per_device_train_batch_size": smaller,
+                                  "gradient_accumulation_steps": args.global_batch // smaller})
+                configs[name]["label"] += f"; micro {tried} ran out of memory"
+                shutil.rmtree(args.work / name, ignore_errors=True)
             if not result.is_file():
                 result.write_text(json.dumps({"rc": rc}))
             if name == "lora_zero3" and "tokens_per_s_per_gpu" in json.loads(result.read_text()):

@@ -221,9 +221,9 @@ def release_engine(trainer) -> None:
 
 def restore_torch_linear() -> None:
     """Give torch.nn.functional.linear back once a ZeRO-3 run is over: `zero.Init` replaces it with DeepSpeed's
-    `zero3_linear_wrap` for the rest of the process ("this will persist unless manually reset"), which saves every
-    linear layer's input for backward, frozen or not, so a later run or model in the same process (a notebook, a
-    second `main`) would keep activations its plan does not count."""
+    `zero3_linear_wrap` (and the run with `run.zero3_linear`) for the rest of the process ("this will persist unless
+    manually reset"), a function for partitioned weights that a later model in the same process (a notebook, a
+    second `main`) without ZeRO-3 should not run through."""
     init = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
     original = getattr(getattr(init, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
     functional = sys.modules.get("torch.nn.functional")

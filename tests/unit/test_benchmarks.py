@@ -195,3 +195,12 @@ def test_the_lora_table_gives_medians_over_the_runs_and_names_the_failed_ones():
     assert "| 13,200 (2 runs: 13,000-13,400) | 119.6 | 120.6 |" in rows["lora"] and "run 2 exit 124" in rows["lora"]
     assert "4,000 (1 run)" in rows["full"] and rows["full"].endswith("| none |")
     assert "failed (see stock_peft*.log)" in rows["stock_peft"] and "run 1 exit 1" in rows["stock_peft"]
+
+
+def test_a_stock_lora_run_out_of_memory_steps_down_to_the_next_micro_batch_that_divides_the_global_batch(tmp_path):
+    bench = _load("lora_bench")
+    assert [bench.smaller_micro(m, 16) for m in (4, 2, 1, 6)] == [2, 1, None, 4]
+    log = tmp_path / "stock_peft_nockpt.log"
+    assert not bench.out_of_memory(log)
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB\n")
+    assert bench.out_of_memory(log)
