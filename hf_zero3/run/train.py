@@ -124,7 +124,8 @@ def _batching(prepared, model, tokenizer) -> dict[str, Any]:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if prepared.layout == build.PADDED:
         return {"data_collator": collate.PaddedCollator(pad), **extra}
-    if problem := collate.packing_problem(type(model), collate.attention_of(model)):
+    base = model.get_base_model() if hasattr(model, "peft_config") else model  # a LoRA run: the model peft wraps
+    if problem := collate.packing_problem(type(base), collate.attention_of(base)):
         raise UsageError(problem)
     return {"data_collator": collate.PackedCollator(pad, flatten=collate.flattens(collate.attention_of(model))),
             **extra}

@@ -1,7 +1,7 @@
-"""LoRA under ZeRO-3 on 2 CPU ranks with gradient checkpointing: the base stays frozen and partitioned, DeepSpeed's
-optimizer holds only the adapter, the loss falls, each save's adapter has its real shapes and reloads with
-`PeftModel.from_pretrained` to the logits the trained model gave; a resumed run continues exactly; the merged export
-is base + (alpha / r) B A."""
+"""LoRA under ZeRO-3 on 2 CPU ranks with gradient checkpointing, on chat data (packed, the loss on the responses):
+the base stays frozen and partitioned, DeepSpeed's optimizer holds only the adapter, the loss falls, each save's
+adapter has its real shapes and reloads with `PeftModel.from_pretrained` to the logits the trained model gave; a
+resumed run continues exactly; the merged export is base + (alpha / r) B A."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 R, ALPHA = 8, 16
 LORA = ["--peft", json.dumps({"r": R, "alpha": ALPHA, "dropout": 0.0, "target_modules": "all-linear"}),
         "--gradient_checkpointing", "true", "--config_name", "null", "--validation_file", "null",
-        "--train_file", "assets/tiny/corpus/validation.txt",  # 23k tokens: enough for 6 steps, quick to tokenize
+        "--train_file", "assets/tiny/chat/validation.jsonl", "--block_size", "256",  # chat, packed: 150 conversations
         "--logging_steps", "1", "--save_steps", "3", "--learning_rate", "1e-2", "--lr_scheduler_type", "constant",
         "--warmup_steps", "0", "--max_steps", "6"]
 

@@ -153,26 +153,34 @@ def test_best_fit_decreasing_fills_bins_within_capacity_and_keeps_every_example(
     assert len(bins) <= lower_bound * 1.02, (len(bins), lower_bound)  # within 2% of the unbeatable count
 
 
-def _tiny_model(attention: str):
+def _tiny_model(attention: str, lora: bool = False):
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(ASSETS / "model")
     config._attn_implementation = attention
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).float()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention).float()
+    if lora:  # peft's wrapper passes position_ids (and the flattened layout's keys) on to the model
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                                                 init_lora_weights=False))  # B not zero: A gets gradients too
+    return model
 
 
 def _loss_and_grads(model, batch):
     model.zero_grad()
     out = model(**batch)
     out.loss.backward()
-    return out.loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+    return out.loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("flatten", [False, True])
-def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, flatten):
+@pytest.mark.parametrize("lora", [False, True])
+def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, flatten,
+                                                                     lora):
     """fp32, CPU: a micro batch of packed blocks gives the loss and gradients of its examples run alone,
     token-weighted (the Trainer's mean over trained tokens). Flattened (the flash-attention layout) and padded rows
-    both."""
+    both; the whole model, and a LoRA adapter on a frozen base (the packing check looks through peft's wrapper)."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
     examples = [tok.chat(m) for m in conversations[:12]]
     from hf_zero3.data.packing import pack_examples
@@ -181,14 +189,14 @@ def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, 
                             "labels": [e["labels"] for e in examples]}, BLOCK)
     assert 1 < len(packed["input_ids"]) < len(examples)  # several examples share a block
     features = [dict(zip(packed, row)) for row in zip(*packed.values())]
-    model = _tiny_model(attention)
+    model = _tiny_model(attention, lora)
     batch = PackedCollator(tokenizer.pad_token_id, flatten=flatten)(features)
     if not flatten:
         assert "attention_mask" not in batch and batch["input_ids"].shape[0] == len(features)
     packed_loss, packed_grads = _loss_and_grads(model, batch)
 
     total = sum(sum(1 for t in e["labels"][1:] if t != IGNORE) for e in examples)
-    alone_loss, alone_grads = 0.0, [torch.zeros_like(p) for p in model.parameters()]
+    alone_loss, alone_grads = 0.0, [torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
     for e in examples:
         n = sum(1 for t in e["labels"][1:] if t != IGNORE)
         loss, grads = _loss_and_grads(model, {"input_ids": torch.tensor([e["input_ids"]]),
