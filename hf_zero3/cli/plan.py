@@ -36,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the model is built from a config (random init, fp32 while loading: with ZeRO-1/2 every "
                      "rank holds 4 B/param of host RAM at start), not loaded from a 16-bit checkpoint")
     run.add_argument("--lora-rank", type=positive_int, metavar="R",
-                     help="LoRA of rank R on every linear layer (the recipe's peft: block): only the adapter trains, "
-                     "the base is frozen")
+                     help="LoRA of rank R on every linear layer: only the adapter trains, the base is frozen (a "
+                     "recipe with a peft: block is planned with its adapter without it)")
     run.add_argument("--lora-dropout", type=float, metavar="P", default=None,
-                     help="the adapter's dropout with --lora-rank (default: the peft: block's, 0.05); each adapted "
+                     help="the adapter's dropout (default: the recipe's peft: block's, else 0.05); each adapted "
                      "layer keeps its own dropped-out input when it is above 0")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
@@ -108,6 +108,27 @@ def _hardware(args: argparse.Namespace):
     return dataclasses.replace(hardware, **{k: v for k, v in given.items() if v is not None})
 
 
+def _adapter(args: argparse.Namespace, shape):
+    """The LoRA adapter to plan: `--lora-rank`, else the `peft:` block of the recipe `--model` names (None: every
+    weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
+    # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3 import recipes
+    from hf_zero3.plan.lora import adapter
+    from hf_zero3.run import lora
+
+    recipe = recipes.find(args.model) if args.model else None
+    block = recipe.values.get("peft") if recipe is not None else None
+    if args.lora_rank:
+        spec = lora.parse({"r": args.lora_rank})
+    elif block is not None:
+        spec = lora.parse(block)
+    else:
+        return None
+    if args.lora_dropout is not None:
+        spec = lora.parse({**spec.model_dump(), "dropout": args.lora_dropout})
+    return adapter(shape, spec.r, spec.target_modules, spec.dropout)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
@@ -122,13 +143,7 @@ def main(args: argparse.Namespace) -> int:
         hardware = _hardware(args)
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
-        adapter = None
-        if args.lora_rank:
-            from hf_zero3.plan.lora import adapter
-            from hf_zero3.run.lora import LoraSpec
-
-            lora = LoraSpec(r=args.lora_rank, **({} if args.lora_dropout is None else {"dropout": args.lora_dropout}))
-            adapter = adapter(shape, lora.r, lora.target_modules, lora.dropout)
+        adapter = _adapter(args, shape)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter)

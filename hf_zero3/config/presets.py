@@ -65,6 +65,11 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
     # node, more than any of those nodes has. Sub-groups of 1e8 keep the pinned NVMe swap buffers small.
     "70b": ZeroSpec(precision="bf16", offload_optimizer=OptimizerOffload(device="nvme", nvme_path=NVME_PLACEHOLDER),
                     sub_group_size=100_000_000, activation_checkpointing=True),
+    # Llama-2-70B with a LoRA adapter on 8x A100-40GB: the frozen base needs only its 16-bit partitions (17.3 GB per
+    # GPU) and the optimizer holds the adapter alone, so plain ZeRO-3 + checkpointing fits with no offload: the
+    # planner's choice with 10% headroom for the machines of recipe 70b (`hf-zero3 plan --model 70b-lora --hardware
+    # p4d.24xlarge --headroom 0.1 --global-batch 64`), where the full fine-tune needs the optimizer on NVMe.
+    "70b-lora": ZeroSpec(precision="bf16", activation_checkpointing=True),
     # The largest full fine-tune on a 2 x H200 machine (256 GiB host, 128 GiB disk): a 20.7B Llama. Partial
     # optimizer offload: 5 of 11 sub-groups of fp32 master weights + Adam states stay on each GPU (ratio 0.5), the
     # rest in host RAM; checkpointing (`hf-zero3 plan --model 20b-h200x2 --hardware h200x2 --headroom 0.1`).

@@ -1,7 +1,8 @@
 """Each shipped recipe launched as a user runs it, on the GPU box (marker `gpu`; skipped without CUDA):
 `recipes/<name>/launch.sh` with MODEL=<local folder of safetensors weights> and a local .jsonl, 2 real steps
 at the recipe's exact width (layer-scaled to 2 layers, so 70b fits one box; 1 with NVMe, for the disk), a
-checkpoint at save_steps that is complete, exported to a plain HF folder, and reloaded. `make train-<name>`
+checkpoint at save_steps that is complete, exported to a plain HF folder (a LoRA recipe's adapter merged into the
+base), and reloaded. `make train-<name>`
 runs the same launch.sh after `make setup`. Run on a GPU box: `python -m pytest tests/gpu -m gpu`.
 On 2 x H200, 2026-11-30: 7b and 13b passed (about 50 s each). On 1 x H200, 2026-12-01: 8b, 10b-h200x1 and
 20b-h200x2 passed; 70b trained and saved, and its export failed, which hf_zero3/checkpoint/nvme_states.py fixes
@@ -95,7 +96,9 @@ def test_recipe_launch_trains_saves_exports_and_reloads(tmp_path, name):
     checkpoint = out / "checkpoint-2"
     assert lifecycle.classify(checkpoint, None).kind == "complete"
     exported = tmp_path / "export"
-    proc = run([sys.executable, "-m", "hf_zero3", "export", checkpoint, exported], timeout=600)
+    lora = (checkpoint / "adapter_model.safetensors").is_file()  # a LoRA recipe: the base with the adapter merged in
+    proc = run([sys.executable, "-m", "hf_zero3", "export", checkpoint, exported, *(["--merge"] if lora else [])],
+               timeout=600)
     assert proc.returncode == 0, explain(proc)
     model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.bfloat16, device_map="cuda").eval()
     original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)

@@ -50,6 +50,22 @@ def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
     return folder, overrides, small.params
 
 
+LORA = {name: yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_text()).get("peft") is not None
+        for name in RECIPES}
+"""The recipes that train a LoRA adapter (a `peft:` block) on a frozen base."""
+
+
+def pretrained(config: Path, overrides: str, folder: Path) -> Path:
+    """The shrunk model with random weights, saved where a LoRA recipe's model_name_or_path points."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shrunk = AutoConfig.from_pretrained(config)
+    shrunk.update_from_string(overrides)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(shrunk).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def recipe_runs(tmp_path_factory):
     """Each recipe's run, started on first use (so `-k 70b` runs one), shared by the tests below. A recipe that
@@ -74,8 +90,10 @@ def recipe_runs(tmp_path_factory):
                 ds_config["zero_optimization"]["offload_optimizer"]["nvme_path"] = str(tmp / "nvme")
                 (tmp / "ds_config.json").write_text(json.dumps(ds_config))
                 nvme = ["--deepspeed", tmp / "ds_config.json"]
-            proc = run([ROOT / "recipes" / name / "launch.sh", *nvme, "--model_name_or_path", "null", "--config_name", config,
-                        "--config_overrides", overrides, "--tokenizer_name", "assets/tiny/model",
+            model = ["--model_name_or_path", "null", "--config_name", config, "--config_overrides", overrides]
+            if LORA[name]:  # LoRA trains on pretrained weights: the shrunk model's random weights, saved
+                model = ["--model_name_or_path", pretrained(config, overrides, tmp / "base"), "--config_name", "null"]
+            proc = run([ROOT / "recipes" / name / "launch.sh", *nvme, *model, "--tokenizer_name", "assets/tiny/model",
                         "--train_file", "assets/tiny/corpus/train.txt", "--validation_file", "null",
                         "--block_size", "64", "--max_steps", "3", "--logging_steps", "1", "--save_steps", "3",
                         "--learning_rate", "1.0e-3", "--warmup_steps", "0", "--output_dir", out],
@@ -119,7 +137,12 @@ def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
     assert proc.returncode == 0, explain(proc)
     checkpoint = out / "checkpoint-3"
     assert (checkpoint / "hf_zero3_complete.json").is_file()
-    if not RECIPE_CONFIGS[name].gather_16bit_weights_on_save:  # ZeRO shards only: export makes the HF folder
+    if LORA[name]:  # the adapter, verified at the save; merged into the base it is a plain HF folder
+        assert not (checkpoint / "model.safetensors").exists() and (checkpoint / "adapter_model.safetensors").is_file()
+        merged = run(["hf-zero3", "export", checkpoint, out.parent / f"{name}-merged", "--merge", "--dtype", "fp32"])
+        assert merged.returncode == 0, explain(merged)
+        checkpoint = out.parent / f"{name}-merged"
+    elif not RECIPE_CONFIGS[name].gather_16bit_weights_on_save:  # ZeRO shards only: export makes the HF folder
         assert not (checkpoint / "model.safetensors").exists()
         exported = run(["hf-zero3", "export", checkpoint, out.parent / f"{name}-export", "--dtype", "fp32"])
         assert exported.returncode == 0, explain(exported)

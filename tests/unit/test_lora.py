@@ -211,7 +211,7 @@ def test_an_import_error_inside_get_peft_model_becomes_a_message_with_both_versi
         base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                             num_attention_heads=2, num_key_value_heads=1))
         with pytest.raises(ValueError) as raised:
-            lora.apply(base, lora.parse({"r": 4}), types.SimpleNamespace(gradient_checkpointing=False))
+            lora.apply(base, lora.parse({"r": 4}), types.SimpleNamespace(gradient_checkpointing=False, deepspeed=None))
     finally:
         import_utils.is_torchao_available.cache_clear()
         for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
@@ -222,3 +222,19 @@ def test_an_import_error_inside_get_peft_model_becomes_a_message_with_both_versi
     assert f"peft {version('peft')}" in message and "torchao: 0.18.0" in message
     assert "`pip uninstall torchao`" in message and "supports torchao 0.18.0" in message
     assert isinstance(raised.value.__cause__, ImportError)
+
+
+@pytest.mark.parametrize("deepspeed, adapter_dtype", [({"bf16": {"enabled": True}}, torch.bfloat16),
+                                                      (None, torch.float32)])
+def test_under_deepspeed_the_adapter_computes_in_the_base_dtype(deepspeed, adapter_dtype):
+    """DeepSpeed's optimizer keeps fp32 master weights, so the adapter stays bf16 like the base (at every ZeRO stage);
+    without DeepSpeed peft's fp32 adapter is what the optimizer updates, and it stays."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1)).to(torch.bfloat16)
+    model = lora.apply(base, lora.parse({"r": 4}), types.SimpleNamespace(gradient_checkpointing=False,
+                                                                         deepspeed=deepspeed))
+    dtypes = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
+    assert dtypes == {adapter_dtype} and all(p.dtype == torch.bfloat16 for n, p in model.named_parameters()
+                                              if "lora_" not in n)

@@ -186,6 +186,18 @@ def test_plan_lora_rank_chooses_plain_zero3_where_the_full_fine_tune_needs_offlo
     assert "choice    ZeRO-3 + offload optimizer" in capsys.readouterr().out
 
 
+def test_plan_of_a_lora_recipe_plans_its_peft_block(capsys):
+    """`plan --model 70b-lora` plans the adapter its YAML trains (no --lora-rank), as `make plan-70b-lora` does;
+    a bad --lora-dropout is named with its fix."""
+    args = ["plan", "--model", "70b-lora", "--hardware", "p4d.24xlarge", "--headroom", "0.1", "--global-batch", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "LoRA: 0.21B adapter parameters train" in out
+    assert "choice    ZeRO-3 + checkpointing: micro batch 1 x accumulation 8 x 8 GPUs = global batch 64" in out
+    assert main([*args, "--lora-dropout", "1.5"]) == 2
+    assert "dropout: input should be less than 1 (got 1.5): give a fraction in [0, 1)" in capsys.readouterr().err
+
+
 def test_plan_lora_dropout_0_keeps_no_dropped_out_copies(capsys):
     """`--lora-dropout 0`: at ZeRO-2 each adapter keeps the very input its frozen layer reads (no copy, no mask), and
     the inputs torch would drop stay kept: per token and layer 139,400 + 7 x 2 x 16 B instead of 211,304 B."""

@@ -25,9 +25,9 @@ by_name = pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 
 
 def test_recipes_are_found_on_disk_and_nothing_else_lives_under_recipes():
-    assert len(RECIPES) == 8
-    assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["10b-h200x1", "13b", "20b-h200x2", "70b", "7b", "8b",
-                                                                   "qwen3-30b-a3b", "tiny"]
+    assert len(RECIPES) == 9
+    assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["10b-h200x1", "13b", "20b-h200x2", "70b",
+                                                                   "70b-lora", "7b", "8b", "qwen3-30b-a3b", "tiny"]
     for path in RECIPES_DIR.rglob("*"):  # recursive: a nested folder or stray file is an error too
         rel = path.relative_to(RECIPES_DIR)
         if path.is_dir():
@@ -167,6 +167,7 @@ def test_slurm_script_parses():
 
 
 PROFILES_OF = {"70b": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
+               "70b-lora": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
                "20b-h200x2": (("h200x2", 1),), "10b-h200x1": (("h200x1", 1),),
                "qwen3-30b-a3b": (("dgx-h100", 1),)}
 """Recipes sized for named machines (hf_zero3/plan/profiles.py, nodes each): planned there with HEADROOM free, the
@@ -184,10 +185,12 @@ def _plans(recipe: Path, hardware=None):
     from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.choose import choose
+    from hf_zero3.plan.lora import adapter as lora_adapter
     from hf_zero3.plan.memory import plan
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
     from hf_zero3.plan.types import Hardware, Training
+    from hf_zero3.run.lora import parse as parse_lora
 
     target = _target(recipe)
     if target.gpu_mem is None:
@@ -202,9 +205,11 @@ def _plans(recipe: Path, hardware=None):
     hardware = hardware or Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
     spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
     liger = bool(values.get("use_liger_kernel"))
-    ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger), spec)
+    lora = None if values.get("peft") is None else parse_lora(values["peft"])  # a LoRA recipe: its adapter
+    adapter = lora and lora_adapter(shape, lora.r, lora.target_modules, lora.dropout)
+    ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger, adapter=adapter), spec)
     best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision,
-                  liger=liger).plan
+                  liger=liger, adapter=adapter).plan
     return ours, best
 
 
@@ -234,8 +239,8 @@ def test_recipes_that_claim_the_planners_choice_are_it(recipe):
 @pytest.mark.parametrize("name, profile, nodes", [(r, p, n) for r, ps in PROFILES_OF.items() for p, n in ps
                                                   if r not in MEASURED_FIT])
 def test_recipe_is_the_planners_choice_on_each_named_machine_with_headroom(name, profile, nodes):
-    """Issue 15: 70b fits p4d.24xlarge, nd-a100-v4 and 2 x a2-highgpu-4g with >= 10% of GPU memory, host RAM and NVMe
-    left free, as the planner's least-offload choice; 20b-h200x2 and 10b-h200x1 likewise on the lent boxes."""
+    """70b and 70b-lora fit p4d.24xlarge, nd-a100-v4 and 2 x a2-highgpu-4g with >= 10% of GPU memory, host RAM and
+    NVMe left free, as the planner's least-offload choice; 20b-h200x2 likewise on 2 x H200."""
     from hf_zero3.plan.profiles import get
 
     hardware = get(profile).hardware(nodes, HEADROOM)
