@@ -62,11 +62,11 @@ clean: ## remove caches (not outputs/: it holds your runs and checkpoints; not .
 	@test ! -d outputs || echo "outputs/ kept: it holds runs and checkpoints; delete what you no longer need yourself"
 
 train-%: setup ## train recipes/<size>, e.g. NUM_NODES=2 NUM_GPUS=4 HOSTFILE=hosts MODEL=/models/llama-70b make train-70b
-	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }
+	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | LC_ALL=C sort | xargs))" >&2; exit 2; }
 	source $(BIN)/activate && recipes/$*/launch.sh $(ARGS)
 
 plan-%: setup ## dry run of train-<size> (no GPU needed): command, arguments, batch math, memory plan; same env
-	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | xargs))" >&2; exit 2; }
+	@test -x recipes/$*/launch.sh || { echo "error: no recipe recipes/$*/ (recipes: $$(cd recipes && ls -d */ | tr -d / | LC_ALL=C sort | xargs))" >&2; exit 2; }
 	source $(BIN)/activate && DRY_RUN=1 recipes/$*/launch.sh $(ARGS)
 
 sync: setup ## copy this checkout to every host of HOSTFILE=path, same path (rsync over SSH, SSH_PORT/PDSH_SSH_ARGS_APPEND as the launcher); the doctor then compares code

@@ -239,7 +239,7 @@ def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target
 def test_make_names_the_recipes_when_one_is_missing():
     proc = make("train-99b")
     assert proc.returncode != 0
-    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 7b 8b qwen3-30b-a3b tiny)" in proc.stderr
+    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 70b-lora 7b 8b qwen3-30b-a3b tiny)" in proc.stderr
 
 
 def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():
