@@ -13,6 +13,7 @@ set -euo pipefail
 out=$(mkdir -p "${1:?OUT_DIR}" && cd "$1" && pwd)
 work=$(mktemp -d)
 root=$(pwd)
+trap 'git worktree remove --force "$work/old" 2>/dev/null; rm -rf "$work"' EXIT  # the runs' scratch, even on failure
 torchrun --nproc_per_node 2 -m hf_zero3.train recipes/tiny/train_args.yaml --output_dir "$work/base" \
   --save_steps 100 > "$out/base.log" 2>&1
 python - "$work" <<'PY'
@@ -39,7 +40,6 @@ if [ -n "${OLD:-}" ]; then
   # OLD_PICK=<commit>: that commit's product code applied on OLD (a fix the run needs, e.g. the packing check's)
   [ -z "${OLD_PICK:-}" ] || git diff "$OLD_PICK^" "$OLD_PICK" -- hf_zero3 | git -C "$work/old" apply
   lora "$work/old" 3 "zero3_$OLD"
-  git worktree remove --force "$work/old"
 fi
 python - "$out" <<'PY'
 import json, pathlib, sys

@@ -127,7 +127,7 @@ def _batching(prepared, model, tokenizer) -> dict[str, Any]:
     base = model.get_base_model() if hasattr(model, "peft_config") else model  # a LoRA run: the model peft wraps
     if problem := collate.packing_problem(type(base), collate.attention_of(base)):
         raise UsageError(problem)
-    return {"data_collator": collate.PackedCollator(pad, flatten=collate.flattens(collate.attention_of(model))),
+    return {"data_collator": collate.PackedCollator(pad, flatten=collate.flattens(collate.attention_of(base))),
             **extra}
 
 

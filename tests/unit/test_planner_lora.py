@@ -134,28 +134,26 @@ def _measured_configs():
     return choice, options
 
 
-FORMER_ZERO3_BYTES = 2 * (4096 + 4096 + 14336) + 2 * (6 * 4096 + 14336 + 7 * 16)
-"""Per token and layer, what the ZeRO-3 runs of the reports kept and a run no longer does: the frozen layers' inputs
-DeepSpeed's own linear kept (the two norms' outputs, the SwiGLU product: 45,056 B) and peft's fp32 adapter's copies
-of its inputs and outputs, 2 B more each (78,048 B)."""
-
-
 def test_the_8b_lora_plans_hold_the_h200_runs():
     """REPORT: ZeRO-2, micro 4: peak 119.57 GiB allocated (planned 121.3: the plan may only be above, by little). The
     ZeRO-3 runs, REPORT's at micro 4 (out of memory in its first forward at 137.31 GiB allocated, asking 0.88 GiB more)
     and the re-run's at micro 2 (98.97 GiB), ran DeepSpeed's own linear and peft's fp32 adapter: with what those kept
-    added back (FORMER_ZERO3_BYTES, and 2 B more per adapter parameter), the plan holds both. As a run is now, a layer
+    added back (`FORMER_ZERO3_LORA_BYTES` of benchmarks/planner_vs_measured.py, and 2 B more per adapter parameter),
+    the plan holds both. As a run is now, a layer
     keeps the same at ZeRO-2 and ZeRO-3, and the planner's ZeRO-3 option is micro 4 again."""
     choice, options = _measured_configs()
     assert 119.57 <= options[2, 4].gpu_allocated_bytes / GIB <= 1.03 * 119.57
     assert options[2, 4].fits and choice.plan.label == "ZeRO-2" and choice.plan.training.micro_batch == 4
+    from tests.unit.test_benchmarks import _load
+
+    former = _load("planner_vs_measured").FORMER_ZERO3_LORA_BYTES
     shape = load_shape("8b")
 
     def as_then(plan) -> float:
-        return (plan.gpu_allocated_bytes + plan.training.tokens * shape.layers * FORMER_ZERO3_BYTES
+        return (plan.gpu_allocated_bytes + plan.training.tokens * shape.layers * former
                 + 2 * plan.training.adapter.params) / GIB
 
-    assert FORMER_ZERO3_BYTES == 45_056 + 78_048
+    assert former == 45_056 + 78_048
     assert as_then(options[3, 4]) > 137.31 + 0.88
     assert 98.97 <= as_then(options[3, 2]) <= 1.02 * 98.97
     full = layer_activation_bytes(shape, "bf16", 4096, "sdpa", liger=True)
