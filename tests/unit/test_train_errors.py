@@ -474,6 +474,51 @@ def test_preemption_signal_names_and_the_launchers_view_of_them(tmp_path):
     assert signals_of_argv([str(TINY_YAML)]) == [signal.SIGTERM, signal.SIGUSR1]  # the default
 
 
+FAKE_PER_NODE_LAUNCHER = """
+import signal, subprocess, sys
+rank = ("import signal, sys, time; time.sleep(2); "
+        "signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('caught'), sys.exit(0))); "
+        "time.sleep(60)")
+sys.exit(subprocess.call([sys.executable, \"-c\", rank, sys.argv[-1]]))
+"""
+
+
+def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path):
+    """`remote_command` (what pdsh runs on each node) sent before a node's launcher and rank are up, and before the
+    rank installs its handler: it waits, and the rank catches the signal instead of dying of it or missing it."""
+    import signal
+    import subprocess
+    import sys
+
+    from hf_zero3.run.distributed import free_port
+    from hf_zero3.run.preemption import remote_command
+
+    package = tmp_path / "fake" / "deepspeed" / "launcher"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "launch.py").write_text(FAKE_PER_NODE_LAUNCHER)
+    port, caught = str(free_port()), tmp_path / "caught"
+    holder = subprocess.Popen(["bash", "-c", remote_command(signal.SIGTERM, port)])
+    launcher = subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--master_port={port}",
+                                 str(caught)], env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
+    try:
+        assert launcher.wait(timeout=30) == 0 and caught.read_text() == "caught"
+        assert holder.wait(timeout=10) == 0
+    finally:
+        for process in (holder, launcher):
+            process.kill()
+
+
+@pytest.mark.parametrize("signals, stop", [("SIGTERM,SIGUSR1", "SIGINT"), ("SIGINT,SIGUSR1", "SIGTERM")])
+def test_the_signal_that_stops_a_job_is_one_not_blocked_for_preemption(signals, stop):
+    import signal
+
+    from hf_zero3.run.preemption import _stop_signal, parse_signals
+
+    assert _stop_signal(parse_signals(signals)) == signal.Signals[stop]
+
+
 def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_load(capsys, tmp_path):
     from hf_zero3.checkpoint import lifecycle as ckpt
     from tests.conftest import make_checkpoint
