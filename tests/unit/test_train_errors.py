@@ -536,6 +536,43 @@ def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_loa
     assert "Traceback" not in err
 
 
+def _lora_checkpoint(folder: Path) -> None:
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                            "target_modules": ["q_proj", "v_proj"]}))
+
+
+def _full_checkpoint(folder: Path) -> None:
+    (folder / "config.json").write_text((ROOT / "assets/tiny/model/config.json").read_text())
+
+
+@pytest.mark.parametrize("saved_as, marker, run_with, names", [
+    (_lora_checkpoint, {}, ["--deepspeed", "null"],
+     ["a LoRA adapter's checkpoint", "'r': 4", "this run has no peft: block", "resume it with the peft: block"]),
+    (_full_checkpoint, {}, ["--deepspeed", "null", "--peft", "{r: 4, lora_alpha: 8, target_modules: [q_proj]}"],
+     ["a full fine-tune's checkpoint", "this run has a peft: block", "--peft null"]),
+    (_full_checkpoint, {"ds_config": {"zero_optimization": {"stage": 2}}},
+     ["--deepspeed", ROOT / "recipes/tiny/ds_config.json"],
+     ["saved by ZeRO stage 2", "this run's ds_config has stage 3", "a ds_config of stage 2", "hf-zero3 reshard"]),
+])
+def test_a_resume_that_does_not_match_how_the_checkpoint_was_trained_stops_before_anything_loads(
+        capsys, tmp_path, saved_as, marker, run_with, names):
+    """Full or adapter, and the ZeRO stage, read from the checkpoint's own files before the process group: one line
+    naming both sides and the fix; nothing in output_dir changes."""
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from tests.conftest import make_checkpoint
+
+    out = tmp_path / "run"
+    ckpt.claim_output_dir(out)
+    folder = make_checkpoint(out, 2, world_size=1, marked=False)
+    saved_as(folder)
+    ckpt.write_marker(folder, {"world_size": 1, **marker}, hashes=ckpt.hash_files(folder))
+    before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    err = train_fails_with(capsys, TINY_YAML, *run_with, "--output_dir", out, "--resume_from_checkpoint", "auto",
+                           "--max_steps", "4")
+    error_naming(err, "resume_from_checkpoint", str(folder), *names)
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
     """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
     all of it at once, nothing written, no process group."""
