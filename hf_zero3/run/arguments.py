@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import re
 import typing
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-import yaml
 
 from hf_zero3.data.arguments import DataArguments
+from hf_zero3.parsing import ParseError, parse_value, parse_yaml
 from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
 
 
@@ -156,10 +155,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             except ValueError:
                 raise ValueError(f"{name} takes a number, not {value!r}") from None
     if words & {"dict", "list"} and low.startswith(("{", "[")):
-        try:
-            return json.loads(value)  # JSON reads 1e-5 as a number; YAML 1.1 would keep it a string
-        except json.JSONDecodeError:
-            return yaml.safe_load(value)
+        return parse_value(value, f"--{name}", "Write the value whole, in quotes, every { and [ closed, e.g. "
+                           "--peft '{r: 8, lora_alpha: 16}'")
     return value
 
 
@@ -210,16 +207,14 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
         if not path.is_file():
             raise UsageError(f"config file {path} not found: pass a YAML of training arguments (see recipes/*/)")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = parse_yaml(path.read_text(), str(path), "Fix the YAML there (one `name: value` per line, "
+                                "spaces not tabs)") or {}
         except OSError as e:
             raise UsageError(f"config file {path} cannot be read ({e.strerror}): fix its permissions") from e
         except UnicodeDecodeError as e:
             raise UsageError(f"config file {path} is not text (byte {e.start} is not UTF-8): pass a YAML file") from e
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-            raise UsageError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}. Fix the YAML there "
-                             "(one `name: value` per line, spaces not tabs)") from e
+        except ParseError as e:
+            raise UsageError(str(e)) from None
         if not isinstance(loaded, dict):
             raise UsageError(f"{path} must be a YAML mapping of argument: value")
         values.update(loaded)

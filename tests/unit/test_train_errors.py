@@ -573,6 +573,33 @@ def test_a_resume_that_does_not_match_how_the_checkpoint_was_trained_stops_befor
     assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
 
 
+def _chat_file(tmp_path: Path, tools: str) -> Path:
+    path = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path.write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"messages": turns, "tools": tools}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("where, overrides, names", [
+    ("override", ["--peft", "{r: 8, lora_alpha: 16"], ["--peft:1:", "invalid YAML", "every { and [ closed"]),
+    ("override", ["--gradient_checkpointing_kwargs", "{use_reentrant: false"],
+     ["--gradient_checkpointing_kwargs:1:", "invalid YAML", "every { and [ closed"]),
+    ("override", ["--peft", "[r: 8"], ["--peft:1:", "invalid YAML", "in quotes"]),
+    ("column", ['[{"type": "function", "function": {"name": "f"'],
+     ["line 2 its tools column:1:", "invalid JSON", "JSON list of function schemas"]),
+])
+def test_json_or_yaml_that_does_not_parse_is_one_line_naming_where_and_the_fix(capsys, tmp_path, where, overrides,
+                                                                                names):
+    """Whatever JSON or YAML text a user hands us, an override or a data column, fails one way: the source, the line
+    and column, what the parser found, and the fix; before anything starts, nothing written."""
+    out = tmp_path / "o"
+    if where == "column":
+        overrides = ["--train_file", _chat_file(tmp_path, overrides[0]), "--validation_file", "null"]
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, *overrides)
+    error_naming(err, names[0], *names[1:])
+    assert not out.exists()
+
+
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
     """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
     all of it at once, nothing written, no process group."""
