@@ -600,6 +600,24 @@ def test_json_or_yaml_that_does_not_parse_is_one_line_naming_where_and_the_fix(c
     assert not out.exists()
 
 
+@pytest.mark.parametrize("model, overrides, names", [
+    ("mixtral", "num_experts_per_tok=6", ["num_experts_per_tok is 6", "num_local_experts 4", "at most 4"]),
+    ("model", "num_key_value_heads=3", ["num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+                                        "a divisor of 4"]),
+    ("model", "num_hidden_layers=0", ["num_hidden_layers is 0", "1 or more"]),
+    ("model", "pad_token_id=2000", ["pad_token_id 2000 is outside the vocabulary", "below 1024"]),
+])
+def test_a_model_config_its_forward_would_trip_on_stops_before_anything_starts(capsys, tmp_path, model, overrides,
+                                                                                names):
+    """Fields transformers builds a model from but whose first forward fails (or whose embedding cannot be made):
+    one line naming the config, the field and the fix, before the process group; nothing written."""
+    out = tmp_path / "o"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, "--model_name_or_path",
+                           "null", "--config_name", ROOT / "assets/tiny" / model, "--config_overrides", overrides)
+    error_naming(err, "model config of", *names)
+    assert not out.exists()
+
+
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
     """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
     all of it at once, nothing written, no process group."""
