@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,13 +128,37 @@ def _type_words(annotation: Any) -> set[str]:
     return set(re.findall(r"[A-Za-z]+", annotation if isinstance(annotation, str) else str(annotation)))
 
 
+class _Words(list):
+    """The values after one `--key` on a command line (`--leaf_modules A B`): a list only for a field that takes one."""
+
+
+def _options(annotation: Any) -> tuple:
+    return typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+
+
+def _takes_list(annotation: Any) -> bool:
+    return any(typing.get_origin(o) is list for o in _options(annotation))
+
+
+def _list_only(annotation: Any) -> bool:
+    """A field that takes a list and no single text (`list[str] | None`, not `str | list[str]`)."""
+    return _takes_list(annotation) and str not in _options(annotation)
+
+
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
     """Give a YAML or command-line value its field's type.
 
     Command-line values arrive as text; PyYAML reads `2e-5` as a string and `no` as False (YAML 1.1),
-    which breaks `eval_strategy: no`. `null` means None for optional fields.
+    which breaks `eval_strategy: no`. `null` means None for optional fields. A list field takes one name as a list
+    of one (`--leaf_modules A`), several words as a list (`--leaf_modules A B`) or a YAML list (`'[A, B]'`).
     """
     words = _type_words(annotation)
+    if isinstance(value, _Words):
+        if not _takes_list(annotation):
+            raise ValueError(f"{name} takes one value, not {len(value)} ({' '.join(value)}): quote a value that "
+                             "holds spaces")
+        return list(value)
     if isinstance(value, bool) and "bool" not in words and any(w.endswith("Strategy") for w in words):
         return "yes" if value else "no"  # eval_strategy: no
     if not isinstance(value, str):
@@ -154,6 +179,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
                 return number(value)
             except ValueError:
                 raise ValueError(f"{name} takes a number, not {value!r}") from None
+    if _list_only(annotation) and not low.startswith(("[", "{")):
+        return [value]
     if words & {"dict", "list"} and low.startswith(("{", "[")):
         return parse_value(value, f"--{name}", "Write the value whole, in quotes, every { and [ closed, e.g. "
                            "--peft '{r: 8, lora_alpha: 16}'")
@@ -161,7 +188,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
 
 
 def _parse_overrides(argv: list[str]) -> dict[str, Any]:
-    """`--key value`, `--key=value` and bare `--flag` (= true), values kept as text for `_coerce`."""
+    """`--key value`, `--key=value`, `--key v1 v2` (a list field's values) and bare `--flag` (= true), values kept
+    as text for `_coerce`."""
     overrides: dict[str, Any] = {}
     i = 0
     while i < len(argv):
@@ -173,8 +201,9 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
             key, text = key.split("=", 1)
             i += 1
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            text = argv[i + 1]
-            i += 2
+            end = next((j for j in range(i + 1, len(argv)) if argv[j].startswith("--")), len(argv))
+            text = argv[i + 1] if end == i + 2 else _Words(argv[i + 1:end])
+            i = end
         else:
             text = "true"
             i += 1

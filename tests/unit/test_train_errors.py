@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.run.arguments import load_arguments
+from hf_zero3.run.arguments import UsageError, load_arguments
 from hf_zero3.run.train import main
 from tests.conftest import ROOT, TINY_YAML, error_naming
 
@@ -616,6 +616,28 @@ def test_a_model_config_its_forward_would_trip_on_stops_before_anything_starts(c
                            "null", "--config_name", ROOT / "assets/tiny" / model, "--config_overrides", overrides)
     error_naming(err, "model config of", *names)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--leaf_modules", "MixtralSparseMoeBlock", "MixtralExperts"], {"leaf_modules": ["MixtralSparseMoeBlock",
+                                                                                       "MixtralExperts"]}),
+    (["--leaf_modules", "MixtralSparseMoeBlock"], {"leaf_modules": ["MixtralSparseMoeBlock"]}),
+    (["--leaf_modules", "[A, B]", "--max_steps", "3"], {"leaf_modules": ["A", "B"], "max_steps": 3}),
+    (["--leaf_modules", "null"], {"leaf_modules": None}),
+    (["--label_names", "labels"], {"label_names": ["labels"]}),
+    (["--report_to", "wandb", "tensorboard"], {"report_to": ["wandb", "tensorboard"]}),
+    (["--report_to", "none"], {"report_to": "none"}),
+])
+def test_a_list_field_takes_one_name_several_words_or_a_yaml_list(argv, expected):
+    """The command-line forms the docs show for a list (`--leaf_modules A B`, `--leaf_modules A`) and a YAML list
+    all give the list: one name is never split into its characters."""
+    assert load_arguments(argv) == expected
+
+
+def test_several_words_for_a_one_value_field_name_the_field_and_the_fix():
+    with pytest.raises(UsageError) as e:
+        load_arguments(["--max_steps", "3", "4"])
+    error_naming(str(e.value), "max_steps takes one value", "3 4", "quote a value")
 
 
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
