@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 import datasets
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError
 
 from hf_zero3.data.arguments import DataArguments, DataSource, block_size_problem, sources_of
 from hf_zero3.data.errors import DataError
@@ -118,6 +118,10 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
                     examples = tok.document(text, block_size) if text and not text.isspace() else []
             except (NotPrefixError, ParseError) as e:
                 raise DataError(f"{label}, row {row + 1}: {e}") from None
+            except TemplateSyntaxError as e:  # the template, not the row
+                raise DataError(f"the chat template does not parse: line {e.lineno}: {e.message}. Fix the template "
+                                "(chat_template: a .jinja file or the template text), or drop chat_template to use "
+                                "the tokenizer's own") from None
             except TemplateError as e:
                 raise DataError(f"{label}, row {row + 1}: the chat template cannot render it ({e}). Fix the row, "
                                 "or set chat_template to a template that knows its roles.") from None

@@ -640,6 +640,46 @@ def test_several_words_for_a_one_value_field_name_the_field_and_the_fix():
     error_naming(str(e.value), "max_steps takes one value", "3 4", "quote a value")
 
 
+def _export_merge_of_a_deleted_base(capsys, tmp_path):
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from hf_zero3.cli import main as cli
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    _lora_checkpoint(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    base = tmp_path / "deleted-base"
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(base)}))
+    ckpt.write_finished(folder, {"global_step": 2})
+    assert cli(["export", str(folder), str(tmp_path / "merged"), "--merge"]) != 0
+    captured = capsys.readouterr()
+    assert not (tmp_path / "merged").exists()
+    return captured.out + captured.err
+
+
+def _chat_template_that_does_not_parse(capsys, tmp_path):
+    out = tmp_path / "o"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, "--train_file",
+                           _chat_file(tmp_path, "[]"), "--validation_file", "null", "--chat_template",
+                           "{% for m in messages %}{{ m.content }{% endfor %}")
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize("case, names, not_said", [
+    (_export_merge_of_a_deleted_base, ["deleted-base", "base_model_name_or_path", "not there", "--base MODEL"],
+     "Repo id"),
+    (_chat_template_that_does_not_parse, ["the chat template does not parse", "line 1", "Fix the template",
+                                          "chat_template"], "Fix the row"),
+])
+def test_a_message_names_the_input_at_fault_not_another(capsys, tmp_path, case, names, not_said):
+    """A base folder deleted under an adapter is not a malformed hub id; a template that does not parse is not a
+    bad row."""
+    said = case(capsys, tmp_path)
+    error_naming(said, names[0], *names[1:])
+    assert not_said not in said
+
+
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
     """What `hf-zero3 train` says about a chat file with an unknown role, non-string content and no assistant turn:
     all of it at once, nothing written, no process group."""
