@@ -23,7 +23,17 @@ import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.preemption import PREEMPTED_EXIT
-from tests.conftest import CHECKPOINT_RUN, ROOT, Launch, explain, logged_steps, losses_by_step, run, weights
+from tests.conftest import (
+    CHECKPOINT_RUN,
+    ROOT,
+    Launch,
+    error_naming,
+    explain,
+    logged_steps,
+    losses_by_step,
+    run,
+    weights,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +119,22 @@ def test_damaged_checkpoints_are_kept_named_and_skipped_and_the_run_continues_ex
     assert {f"checkpoint-20/{k}": v for k, v in tree(out / "checkpoint-20").items()} == {
         k: v for k, v in before.items() if k.startswith("checkpoint-20/")}
     assert [ckpt.checkpoint_step(p) for p in ckpt.complete_checkpoints(out)] == [2, 4, 6, 8]
+
+
+def test_a_full_fine_tunes_checkpoint_resumed_with_a_peft_block_is_one_line_before_start(uninterrupted, tmp_path,
+                                                                                         capsys):
+    """A real 2-rank ZeRO-3 checkpoint of a full fine-tune, resumed with a peft: block: one line naming both and the
+    fix, before anything starts (no KeyError from peft's load); nothing written."""
+    from hf_zero3.run.train import main
+
+    out = tmp_path / "run"
+    copy_checkpoints(uninterrupted, out)
+    before = tree(out)
+    assert main([str(ROOT / "recipes/tiny/train_args.yaml"), "--deepspeed", "null", "--output_dir", str(out),
+                 *CHECKPOINT_RUN, "--resume_from_checkpoint", "auto", "--peft", "{r: 4, target_modules: all-linear}"]) == 2
+    err = capsys.readouterr().err
+    error_naming(err, "resume_from_checkpoint", "a full fine-tune's checkpoint", "--peft null")
+    assert "Traceback" not in err and tree(out) == before
 
 
 def _read_only_folder(root: Path) -> Path:
