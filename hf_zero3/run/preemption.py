@@ -112,12 +112,13 @@ def remote_command(sig: signal.Signals, master_port: str) -> str:
     """What pdsh runs on each node to pass `sig` to this job's ranks there: the children of DeepSpeed's per-node
     launcher of this master port (a node's launcher, started over SSH, does not block the signal: it must not get it).
     The signal is held until every rank there catches it (its SigCgt mask in /proc): one sent earlier would be lost,
-    or end a rank that has no handler yet."""
+    or end a rank that has no handler yet. It gives up when the node's launcher, once seen, has ended."""
     pattern = rf"^[^ ]*python[^ ]* -u -m deepspeed[.]launcher[.]launch .*--master_port={master_port}( |$)"
     caught = (f'm=$(sed -n "s/^SigCgt:[[:space:]]*//p" /proc/$p/status 2>/dev/null); [ -n "$m" ] && '
               f'[ $(( 0x$m >> {sig.value - 1} & 1 )) = 1 ] || ready=0')
-    return (f"n=0; while [ $n -lt {REMOTE_HOLD_S * 2} ]; do "
-            f"pids=$(pgrep -d, -f '{pattern}') && ranks=$(pgrep -P \"$pids\") && ready=1 && "
+    return (f"n=0; seen=0; while [ $n -lt {REMOTE_HOLD_S * 2} ]; do "
+            f"if pids=$(pgrep -d, -f '{pattern}'); then seen=1; elif [ $seen = 1 ]; then exit 0; fi; "
+            f"[ $seen = 1 ] && ranks=$(pgrep -P \"$pids\") && ready=1 && "
             f"for p in $ranks; do {caught}; done && [ $ready = 1 ] && exec kill -{sig.name[3:]} $ranks; "
             "sleep 0.5; n=$((n+1)); done")
 

@@ -489,6 +489,9 @@ def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path)
     import signal
     import subprocess
     import sys
+    import time
+
+    import psutil
 
     from hf_zero3.run.distributed import free_port
     from hf_zero3.run.preemption import remote_command
@@ -505,6 +508,14 @@ def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path)
     try:
         assert launcher.wait(timeout=30) == 0 and caught.read_text() == "caught"
         assert holder.wait(timeout=10) == 0
+        late = subprocess.Popen(["bash", "-c", remote_command(signal.SIGTERM, port)])  # the node's job is over
+        launcher = subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+                                     f"--master_port={port}", str(tmp_path / "never")],
+                                    env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
+        time.sleep(1)
+        for process in [*psutil.Process(launcher.pid).children(), psutil.Process(launcher.pid)]:
+            process.kill()  # the job ends before its rank has a handler: the hold gives up, not after 600 s
+        assert late.wait(timeout=10) == 0
     finally:
         for process in (holder, launcher):
             process.kill()
