@@ -30,7 +30,9 @@ class PreemptionCallback(TrainerCallback):
     run after it; one after the last step changes nothing (the run finishes and saves its final model).
 
     The handlers are installed when the callback is made (`hf-zero3 train` makes it before loading the model) and
-    stay until `release()`: a signal during the final save does not kill it.
+    stay until `release()`: a signal during the final save does not kill it. A signal that came earlier is not lost:
+    `hf-zero3 launch` starts the ranks with the signals blocked, and the callback unblocks them once its handler is
+    in place (the launcher then exits 75 for a signal that came as the run finished).
 
     Args:
         signals: comma-separated signal names (`hf_zero3.run.preemption.parse_signals`).
@@ -45,6 +47,9 @@ class PreemptionCallback(TrainerCallback):
         self.saved_s: float | None = None
         self._save_started = 0.0
         self._previous = {sig: signal.signal(sig, self._catch) for sig in self.signals}
+        # `hf-zero3 launch` starts the ranks with these signals blocked, so that one sent before now is held, not
+        # lost: it arrives here, with the handler in place
+        self._blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals) & set(self.signals)
         _listening.append(self)
 
     def _catch(self, signum, frame) -> None:
@@ -54,9 +59,11 @@ class PreemptionCallback(TrainerCallback):
 
     def release(self) -> None:
         """Put the signal handlers back as they were."""
+        if self._blocked:  # a signal from now on waits, pending, until the process ends (as it came)
+            signal.pthread_sigmask(signal.SIG_BLOCK, self._blocked)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-        self._previous = {}
+        self._previous, self._blocked = {}, set()
 
     def _agreed(self, args) -> signal.Signals | None:
         """The signal that any rank caught, the same answer on every rank."""

@@ -41,6 +41,22 @@ def base_of(folder: str | Path) -> str | None:
         return None
 
 
+def base_problem(checkpoint: Path, base: str | None) -> str | None:
+    """What stops a merge before anything loads: no base model named, or a base folder that is not there (which
+    transformers would read as a malformed hub id: "Repo id must be in the form ...")."""
+    named = base or base_of(checkpoint)
+    if not named:
+        return (f"{checkpoint}'s {ADAPTER_CONFIG} names no base model: pass --base MODEL (the folder or hub id the "
+                "adapter was trained on)")
+    path = Path(named).expanduser()
+    if not path.is_dir() and (path.is_absolute() or named.startswith((".", "~")) or named.count("/") > 1
+                              or path.exists()):
+        where = "--base" if base else f"base_model_name_or_path in {checkpoint / ADAPTER_CONFIG}"
+        return (f"the base model {named} ({where}) is {'not a folder' if path.exists() else 'not there'}: pass "
+                "--base MODEL, the folder or hub id of the weights the adapter was trained on")
+    return None
+
+
 def trained_weights(checkpoint: Path) -> dict:
     """{saved key: tensor} of the adapter at its best precision: the fp32 masters of a checkpoint's ZeRO shards, each
     checked against the 16-bit tensor the save wrote (its rounding); the saved adapter where there are no shards (a
@@ -100,10 +116,9 @@ def write_merged(checkpoint: Path, tmp: Path, dtype: str, base: str | None, max_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    if problem := base_problem(checkpoint, base):
+        raise CheckpointError(problem)
     base = base or base_of(checkpoint)
-    if not base:
-        raise CheckpointError(f"{checkpoint}'s {ADAPTER_CONFIG} names no base model: pass --base MODEL (the folder "
-                              "or hub id the adapter was trained on)")
     scratch = tmp / ".adapter"
     scratch.mkdir()
     write_adapter(checkpoint, scratch, dtype, card)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_zero3.checkpoint import adapter
+from hf_zero3.checkpoint.adapter import base_problem
 from hf_zero3.checkpoint.card import model_card
 from hf_zero3.checkpoint.lifecycle import (
     CheckpointError,
@@ -161,6 +162,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, dty
     if (merge or base) and not adapter:
         raise CheckpointError(f"{checkpoint} holds a full model, not a LoRA adapter: --merge and --base are for a "
                               "LoRA run's checkpoint or output_dir; drop them to export it")
+    if merge and (problem := base_problem(checkpoint, base)):
+        raise CheckpointError(problem)
     _require_complete(checkpoint)
     if out == checkpoint.resolve() or checkpoint.resolve() in out.parents:
         raise CheckpointError(f"{out} is inside {checkpoint}, which keep-last-N deletes with everything in it: "

@@ -9,19 +9,19 @@ cached by fingerprint and built once, on rank 0 first (the caller's `main_proces
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 
 import datasets
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError
 
 from hf_zero3.data.arguments import DataArguments, DataSource, block_size_problem, sources_of
 from hf_zero3.data.errors import DataError
-from hf_zero3.data.formats import ROLES, as_messages, detect, messages_column_of, row_problems
+from hf_zero3.data.formats import ROLES, as_messages, detect, messages_column_of, row_problems, tools_of
 from hf_zero3.data.loading import dataset_problem, file_problem, load_file, load_hub, load_source
 from hf_zero3.data.packing import pack_examples, text_blocks
 from hf_zero3.data.tokenize import IGNORE, NotPrefixError, Tokenizer, chat_template_of
+from hf_zero3.parsing import ParseError
 
 PACK_BATCH_SIZE = 1000
 """Raw-text documents joined per map batch; each batch drops its own remainder (< block_size tokens)."""
@@ -116,8 +116,12 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
                 else:
                     text = batch[source.text_column][k]
                     examples = tok.document(text, block_size) if text and not text.isspace() else []
-            except NotPrefixError as e:
+            except (NotPrefixError, ParseError) as e:
                 raise DataError(f"{label}, row {row + 1}: {e}") from None
+            except TemplateSyntaxError as e:  # the template, not the row
+                raise DataError(f"the chat template does not parse: line {e.lineno}: {e.message}. Fix the template "
+                                "(chat_template: a .jinja file or the template text), or drop chat_template to use "
+                                "the tokenizer's own") from None
             except TemplateError as e:
                 raise DataError(f"{label}, row {row + 1}: the chat template cannot render it ({e}). Fix the row, "
                                 "or set chat_template to a template that knows its roles.") from None
@@ -133,7 +137,7 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
 
 def _tools(value):
     """A `tools` column holds JSON schemas, as objects or as a JSON string (TRL's convention)."""
-    return json.loads(value) if isinstance(value, str) else value
+    return tools_of(value)
 
 
 def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_args: dict) -> tuple[

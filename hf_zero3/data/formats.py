@@ -9,6 +9,7 @@ import datasets
 
 from hf_zero3.data.arguments import DataSource
 from hf_zero3.data.errors import DataError
+from hf_zero3.parsing import ParseError, parse_json
 
 ROLES = ("system", "user", "assistant", "tool")
 """The roles a chat turn may have; the tokenizer's chat template decides how each is rendered."""
@@ -87,6 +88,21 @@ def turns_problem(turns, *, need_assistant: bool) -> str | None:
     return None
 
 
+def tools_of(value):
+    """A `tools` column holds JSON schemas, as objects or as a JSON string (TRL's convention); a ParseError says
+    where a string stops being JSON."""
+    return parse_json(value, "its tools column", "Write tools as a JSON list of function schemas, or that list "
+                      "itself rather than a string") if isinstance(value, str) else value
+
+
+def _tools_problem(value) -> str | None:
+    try:
+        tools_of(value)
+    except ParseError as e:
+        return str(e)
+    return None
+
+
 def _completion_problem(prompt, completion) -> str | None:
     if isinstance(prompt, str) and isinstance(completion, str):
         return None if completion else "has an empty completion: nothing in it is trained"
@@ -126,11 +142,12 @@ def row_problems(ds: datasets.Dataset, fmt: str, source: DataSource, what: str, 
         return
     columns = ([messages_column_of(ds.column_names, source)] if fmt == "chat"
                else [source.prompt_column, source.completion_column])
+    tools = ["tools"] if "tools" in ds.column_names else []
     for start in range(0, len(ds), SCAN_BATCH):
         batch = ds[start:start + SCAN_BATCH]
-        for offset, values in enumerate(zip(*(batch[c] for c in columns))):
+        for offset, values in enumerate(zip(*(batch[c] for c in columns + tools))):
             problem = (turns_problem(values[0], need_assistant=need_assistant) if fmt == "chat"
-                       else _completion_problem(*values))
+                       else _completion_problem(*values[:2])) or (_tools_problem(values[-1]) if tools else None)
             if problem:
                 count += 1
                 if len(bad) < SHOWN:

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import transformers
-import yaml
 
 from hf_zero3.data.arguments import DataArguments
+from hf_zero3.parsing import ParseError, parse_value, parse_yaml
 from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
 
 
@@ -128,13 +128,37 @@ def _type_words(annotation: Any) -> set[str]:
     return set(re.findall(r"[A-Za-z]+", annotation if isinstance(annotation, str) else str(annotation)))
 
 
+class _Words(list):
+    """The values after one `--key` on a command line (`--leaf_modules A B`): a list only for a field that takes one."""
+
+
+def _options(annotation: Any) -> tuple:
+    return typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+
+
+def _takes_list(annotation: Any) -> bool:
+    return any(typing.get_origin(o) is list for o in _options(annotation))
+
+
+def _list_only(annotation: Any) -> bool:
+    """A field that takes a list and no single text (`list[str] | None`, not `str | list[str]`)."""
+    return _takes_list(annotation) and str not in _options(annotation)
+
+
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
     """Give a YAML or command-line value its field's type.
 
     Command-line values arrive as text; PyYAML reads `2e-5` as a string and `no` as False (YAML 1.1),
-    which breaks `eval_strategy: no`. `null` means None for optional fields.
+    which breaks `eval_strategy: no`. `null` means None for optional fields. A list field takes one name as a list
+    of one (`--leaf_modules A`), several words as a list (`--leaf_modules A B`) or a YAML list (`'[A, B]'`).
     """
     words = _type_words(annotation)
+    if isinstance(value, _Words):
+        if not _takes_list(annotation):
+            raise ValueError(f"{name} takes one value, not {len(value)} ({' '.join(value)}): quote a value that "
+                             "holds spaces")
+        return list(value)
     if isinstance(value, bool) and "bool" not in words and any(w.endswith("Strategy") for w in words):
         return "yes" if value else "no"  # eval_strategy: no
     if not isinstance(value, str):
@@ -155,16 +179,17 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
                 return number(value)
             except ValueError:
                 raise ValueError(f"{name} takes a number, not {value!r}") from None
+    if _list_only(annotation) and not low.startswith(("[", "{")):
+        return [value]
     if words & {"dict", "list"} and low.startswith(("{", "[")):
-        try:
-            return json.loads(value)  # JSON reads 1e-5 as a number; YAML 1.1 would keep it a string
-        except json.JSONDecodeError:
-            return yaml.safe_load(value)
+        return parse_value(value, f"--{name}", "Write the value whole, in quotes, every { and [ closed, e.g. "
+                           "--peft '{r: 8, lora_alpha: 16}'")
     return value
 
 
 def _parse_overrides(argv: list[str]) -> dict[str, Any]:
-    """`--key value`, `--key=value` and bare `--flag` (= true), values kept as text for `_coerce`."""
+    """`--key value`, `--key=value`, `--key v1 v2` (a list field's values) and bare `--flag` (= true), values kept
+    as text for `_coerce`."""
     overrides: dict[str, Any] = {}
     i = 0
     while i < len(argv):
@@ -176,8 +201,9 @@ def _parse_overrides(argv: list[str]) -> dict[str, Any]:
             key, text = key.split("=", 1)
             i += 1
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            text = argv[i + 1]
-            i += 2
+            end = next((j for j in range(i + 1, len(argv)) if argv[j].startswith("--")), len(argv))
+            text = argv[i + 1] if end == i + 2 else _Words(argv[i + 1:end])
+            i = end
         else:
             text = "true"
             i += 1
@@ -210,16 +236,14 @@ def load_arguments(argv: list[str]) -> dict[str, Any]:
         if not path.is_file():
             raise UsageError(f"config file {path} not found: pass a YAML of training arguments (see recipes/*/)")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = parse_yaml(path.read_text(), str(path), "Fix the YAML there (one `name: value` per line, "
+                                "spaces not tabs)") or {}
         except OSError as e:
             raise UsageError(f"config file {path} cannot be read ({e.strerror}): fix its permissions") from e
         except UnicodeDecodeError as e:
             raise UsageError(f"config file {path} is not text (byte {e.start} is not UTF-8): pass a YAML file") from e
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-            raise UsageError(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}. Fix the YAML there "
-                             "(one `name: value` per line, spaces not tabs)") from e
+        except ParseError as e:
+            raise UsageError(str(e)) from None
         if not isinstance(loaded, dict):
             raise UsageError(f"{path} must be a YAML mapping of argument: value")
         values.update(loaded)

@@ -13,7 +13,7 @@ from typing import Any
 from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
-from hf_zero3.run import lora
+from hf_zero3.run import lora, model_checks, resume_checks
 from hf_zero3.run.arguments import TrainingArguments, UsageError
 from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
 from hf_zero3.run.preemption import DEFAULT_SIGNALS, parse_signals
@@ -99,9 +99,9 @@ def _ds_config_problems(values: dict[str, Any], device: str) -> list[str]:
     return [f"{name}: {f.key}: {f.message}" for f in findings if f.level == "error"]
 
 
-def _max_positions(values: dict[str, Any]) -> int | None:
-    """The model's max positions from its config alone (a local folder, or a hub id already in the cache), with
-    config_overrides applied; None when it cannot be known before loading."""
+def _local_config(values: dict[str, Any]):
+    """The model's config alone (a local folder, or a hub id already in the cache), with config_overrides applied;
+    None when it cannot be known before loading."""
     from transformers import AutoConfig
 
     try:
@@ -111,7 +111,18 @@ def _max_positions(values: dict[str, Any]) -> int | None:
             config.update_from_string(values["config_overrides"])
     except (OSError, ValueError):
         return None
-    return getattr(config, "max_position_embeddings", None)
+    return config
+
+
+def _max_positions(values: dict[str, Any]) -> int | None:
+    return getattr(_local_config(values), "max_position_embeddings", None)
+
+
+def _config_problems(values: dict[str, Any]) -> list[str]:
+    """The fields of the model's config that its forward would trip on (`hf_zero3.run.model_checks`)."""
+    config = _local_config(values)
+    source = values.get("model_name_or_path") or values.get("config_name")
+    return [] if config is None else model_checks.problems(config, source)
 
 
 def check_inputs(values: dict[str, Any], device: str) -> None:
@@ -120,6 +131,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     problems = ["fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true"] \
         if device == "cpu" and values.get("fp16") else []
     problems += _model_problems(values)
+    problems += [] if problems else _config_problems(values)
     if not problems and (problem := block_size_problem(values.get("block_size", DataArguments.block_size),
                                                        _max_positions(values))):
         problems.append(problem)
@@ -145,6 +157,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
         problems.append(str(e))
     problems += _ds_config_problems(values, device)
     problems += lora.problems(values)
+    problems += resume_checks.problems(values)
     if values.get("fp8"):
         from hf_zero3.run import fp8  # torch: imported only when the option is used
 

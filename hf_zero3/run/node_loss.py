@@ -8,7 +8,8 @@ Three waits stand between a lost node and a job that hangs until the scheduler's
   the launcher has ssh probe every node and give up on one silent for NODE_TIMEOUT seconds (`ssh_keepalive`).
 - Once a node failed, the ranks elsewhere may sit in a collective until `ddp_timeout` (30 minutes by default):
   the launcher gives them NODE_TIMEOUT seconds more, then stops the job the way DeepSpeed's runner does on
-  SIGTERM (pkill of its per-node launchers on every node, over pdsh; they end their ranks).
+  SIGINT or SIGTERM, whichever is not a preemption signal (pkill of its per-node launchers on every node, over pdsh;
+  they end their ranks).
 
 pdsh reports each node's end (`pdsh@HOST: NODE: ssh exited with exit code N`); `NodeWatch` reads those lines, names
 the node that failed by itself (not one whose ranks only lost a peer) and what its code means.

@@ -23,7 +23,17 @@ import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.preemption import PREEMPTED_EXIT
-from tests.conftest import CHECKPOINT_RUN, ROOT, Launch, explain, logged_steps, losses_by_step, run, weights
+from tests.conftest import (
+    CHECKPOINT_RUN,
+    ROOT,
+    Launch,
+    error_naming,
+    explain,
+    logged_steps,
+    losses_by_step,
+    run,
+    weights,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +119,22 @@ def test_damaged_checkpoints_are_kept_named_and_skipped_and_the_run_continues_ex
     assert {f"checkpoint-20/{k}": v for k, v in tree(out / "checkpoint-20").items()} == {
         k: v for k, v in before.items() if k.startswith("checkpoint-20/")}
     assert [ckpt.checkpoint_step(p) for p in ckpt.complete_checkpoints(out)] == [2, 4, 6, 8]
+
+
+def test_a_full_fine_tunes_checkpoint_resumed_with_a_peft_block_is_one_line_before_start(uninterrupted, tmp_path,
+                                                                                         capsys):
+    """A real 2-rank ZeRO-3 checkpoint of a full fine-tune, resumed with a peft: block: one line naming both and the
+    fix, before anything starts (no KeyError from peft's load); nothing written."""
+    from hf_zero3.run.train import main
+
+    out = tmp_path / "run"
+    copy_checkpoints(uninterrupted, out)
+    before = tree(out)
+    assert main([str(ROOT / "recipes/tiny/train_args.yaml"), "--deepspeed", "null", "--output_dir", str(out),
+                 *CHECKPOINT_RUN, "--resume_from_checkpoint", "auto", "--peft", "{r: 4, target_modules: all-linear}"]) == 2
+    err = capsys.readouterr().err
+    error_naming(err, "resume_from_checkpoint", "a full fine-tune's checkpoint", "--peft null")
+    assert "Traceback" not in err and tree(out) == before
 
 
 def _read_only_folder(root: Path) -> Path:
@@ -212,26 +238,60 @@ def test_the_same_command_after_kills_at_any_moment_converges_to_one_finished_ru
     assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc)."""
+    mask = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 def test_a_preemption_signal_saves_the_step_in_flight_and_the_same_command_continues(uninterrupted, tmp_path):
-    """SIGUSR1 to the launcher (`hf-zero3 launch`; DeepSpeed's own launcher would die of it and leave the ranks
-    running), then SIGTERM to rank 1 alone: each time both ranks stop after the same step, that step's checkpoint is
-    complete, nothing is marked finished and the exit code is 75; the same command then finishes the run, with the
-    losses of the uninterrupted one. No periodic saves: every checkpoint here is a preemption's."""
+    """One table of whoever sends the signal, and when: SIGUSR1 to the launcher (`hf-zero3 launch`; DeepSpeed's own
+    launcher would die of it and leave the ranks running), SIGTERM to rank 1 alone, SIGTERM to the whole process
+    group as a scheduler sends it (DeepSpeed's per-node launcher gets it too: it would kill the ranks and exit 1),
+    and that again before the ranks have installed their handler. Each time both ranks stop after the same step,
+    that step's checkpoint is complete, nothing is marked finished and the exit code is 75. The same command then
+    finishes the run with the losses and weights of the uninterrupted one, and a group SIGTERM as it shuts down
+    changes nothing but its exit code (75). No periodic saves: every checkpoint here is a preemption's."""
     out = tmp_path / "run"
     command = [*CHECKPOINT_RUN, "--save_steps", "100", *KEEP_ALL, "--resume_from_checkpoint", "auto"]
+
+    def after_a_step(attempt: Launch, start: int) -> bool:
+        return max(logged_steps(out), default=0) > start
+
+    def rank_started(attempt: Launch, start: int) -> bool:
+        return _no_handler_yet(attempt.rank_pid(1))
+
+    cases = [("launcher", signal.SIGUSR1, after_a_step), ("rank 1", signal.SIGTERM, after_a_step),
+             ("group", signal.SIGTERM, after_a_step), ("group", signal.SIGTERM, rank_started)]
     stops = []
-    for i, (who, sig) in enumerate([("launcher", signal.SIGUSR1), ("rank 1", signal.SIGTERM)]):
+    for i, (who, sig, moment) in enumerate(cases):
         attempt = Launch(out, *command, log=tmp_path / f"{i}.log")
         start = max(stops, default=0)
-        attempt.wait_for(lambda start=start: max(logged_steps(out), default=0) > start, poll=0.01)
-        os.kill(attempt.proc.pid if who == "launcher" else attempt.rank_pid(1), sig)
-        assert attempt.wait(timeout=120) == PREEMPTED_EXIT, attempt.text()
+        attempt.wait_for(lambda a=attempt, s=start, m=moment: m(a, s), poll=0.01)
+        if who == "group":
+            os.killpg(attempt.proc.pid, sig)
+        else:
+            os.kill(attempt.proc.pid if who == "launcher" else attempt.rank_pid(1), sig)
+        assert attempt.wait(timeout=180) == PREEMPTED_EXIT, (who, attempt.text())
         complete = [ckpt.checkpoint_step(p) for p in ckpt.complete_checkpoints(out)]
         assert len(complete) == i + 1 and complete[-1] > start, (who, complete, attempt.text())
         stops.append(complete[-1])
         assert f"{sig.name} received: stopping after step {stops[-1]}" in attempt.text(), attempt.text()
         assert f"checkpoint-{stops[-1]} is complete" in attempt.text() and "Traceback" not in attempt.text()
         assert ckpt.read_finished(out) is None and not (out / "model.safetensors").exists()
-    finishing = train(out, *command)
-    assert finishing.returncode == 0, explain(finishing)
+    finishing = Launch(out, *command, log=tmp_path / "finishing.log")
+    finishing.wait_for(lambda: max(logged_steps(out), default=0) == 8, poll=0.01)
+    os.killpg(finishing.proc.pid, signal.SIGTERM)
+    assert finishing.wait(timeout=180) == PREEMPTED_EXIT, finishing.text()
+    assert "SIGTERM received as the run finished" in finishing.text() and "Traceback" not in finishing.text()
+    assert ckpt.read_finished(out) is not None, finishing.text()
     assert losses_by_step(out) == losses_by_step(uninterrupted), stops
+    final, expected = weights(out), weights(uninterrupted)
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def _no_handler_yet(pid: int) -> bool:
+    """A rank that has started and not yet installed its preemption handler (a signal now would have been lost)."""
+    assert not _catches(pid, signal.SIGTERM), "the rank installed its handler before the test could signal it"
+    return True

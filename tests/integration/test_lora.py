@@ -13,7 +13,7 @@ import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
-from tests.conftest import ROOT, TINY_YAML, explain, losses, run
+from tests.conftest import ROOT, TINY_YAML, error_naming, explain, losses, run
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +122,22 @@ def test_a_run_resumed_from_a_checkpoint_continues_exactly(trained, tmp_path):
     assert losses(tmp_path / "out") == pytest.approx(losses(root / "out")[3:], abs=1e-5)
     resumed, straight = ckpt.adapter_tensors(tmp_path / "out"), ckpt.adapter_tensors(root / "out")
     assert all(torch.allclose(resumed[k], straight[k], atol=1e-6) for k in straight)
+
+
+def test_a_lora_checkpoint_resumed_without_its_peft_block_is_one_line_before_start(trained, tmp_path, capsys):
+    """The real checkpoint's own files say it holds an adapter: without the peft: block the run stops before
+    anything starts (no DeepSpeed load of kilobytes of missing keys), naming the block to add; nothing written."""
+    from hf_zero3.run.train import main
+
+    root, _ = trained
+    shutil.copytree(root / "out/checkpoint-3", tmp_path / "out/checkpoint-3")
+    before = sorted(str(p) for p in (tmp_path / "out").rglob("*"))
+    assert main([str(TINY_YAML), "--deepspeed", "null", "--model_name_or_path", str(root / "base"), "--output_dir",
+                 str(tmp_path / "out"), *LORA[2:], "--resume_from_checkpoint", str(tmp_path / "out/checkpoint-3"),
+                 "--peft", "null"]) == 2
+    err = capsys.readouterr().err
+    error_naming(err, "resume_from_checkpoint", "a LoRA adapter's checkpoint", f"'r': {R}", "peft: block")
+    assert "Traceback" not in err and sorted(str(p) for p in (tmp_path / "out").rglob("*")) == before
 
 
 def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trained, tmp_path):

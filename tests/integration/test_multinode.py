@@ -339,10 +339,11 @@ def _catches(pid: int, sig: signal.Signals) -> bool:
 @needs_nodes
 def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(one_node, nodes, tmp_path):
     """NUM_NODES=2 through recipes/tiny/launch.sh: DeepSpeed's pdsh runner logs in to each node and starts one rank
-    there (a process under that node's sshd, with the variables `.deepspeed_env` carried and no others). SIGUSR1
-    to the launcher once both ranks listen reaches them over pdsh: they stop after the same step with a complete
-    checkpoint and exit 75, passed back by pdsh; the same command resumes, and the losses are those of 2 ranks
-    on one node."""
+    there (a process under that node's sshd, with the variables `.deepspeed_env` carried and no others). SIGTERM
+    to the launcher's whole process group, as a scheduler sends it, as soon as both ranks exist (before they have
+    a handler: the launcher's pdsh call holds it until they do; DeepSpeed's runner and pdsh, in the group, never
+    act on it) reaches them over pdsh: they stop after the same step with a complete checkpoint and exit 75,
+    passed back by pdsh; the same command resumes, and the losses are those of 2 ranks on one node."""
     out = tmp_path / "two"
     env = subprocess_env(NUM_NODES="2", NUM_GPUS="1", HOSTFILE=str(nodes.hostfile), MASTER_ADDR=nodes.hosts[0],
                          OMP_NUM_THREADS="1", DS_ENV_FILE=str(tmp_path / "ds_env"), HF_ZERO3_NODE_CHECK="carried",
@@ -351,30 +352,31 @@ def test_two_nodes_over_pdsh_and_ssh_train_like_one_node_through_a_preemption(on
     command = [str(ROOT / "recipes/tiny/launch.sh"), "--output_dir", str(out), *COMMON, "--resume_from_checkpoint",
                "auto"]
     launcher = subprocess.Popen(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     ranks: dict[int, dict] = {}
-    while launcher.poll() is None and not (len(ranks) == 2 and all(r["listens"] for r in ranks.values())):
+    while launcher.poll() is None and len(ranks) < 2:
         for process in psutil.process_iter(["pid", "cmdline"]):
             cmdline = process.info["cmdline"] or []
             if str(out) in cmdline and any(a.startswith("--local_rank=") for a in cmdline):
                 try:
                     node = int(process.environ()["CROSS_RANK"])  # DeepSpeed's node rank, set per node
                     ranks[node] = {"env": process.environ(), "parents": {p.pid: p.name() for p in process.parents()},
-                                   "listens": _catches(process.pid, signal.SIGUSR1)}
+                                   "listens": _catches(process.pid, signal.SIGTERM)}
                 except (psutil.Error, KeyError, OSError):
                     pass
         time.sleep(0.05)
-    launcher.send_signal(signal.SIGUSR1)
+    early = not all(r["listens"] for r in ranks.values())  # a signal now, sent once, would be lost or kill a rank
+    os.killpg(launcher.pid, signal.SIGTERM)
     text = launcher.communicate(timeout=600)[0]
     assert launcher.returncode == PREEMPTED_EXIT, text[-4000:]
     assert f"--hostfile={nodes.hostfile} --num_nodes=2 --num_gpus=1 --master_addr={nodes.hosts[0]}" in text
     assert "hf_zero3: ZeRO stage 3 | world size 2 |" in text
-    assert sorted(ranks) == [0, 1], text[-4000:]
+    assert sorted(ranks) == [0, 1] and early, text[-4000:]
     for rank in ranks.values():  # started over SSH: under sshd, not under this launcher
         assert "sshd" in rank["parents"].values() and launcher.pid not in rank["parents"], rank["parents"]
         assert rank["env"].get("HF_ZERO3_NODE_CHECK") == "carried" and "MY_OWN" not in rank["env"]
     complete = ckpt.complete_checkpoints(out)
-    assert len(complete) == 1 and "SIGUSR1 received: stopping after step" in text, text[-4000:]
+    assert len(complete) == 1 and "SIGTERM received: stopping after step" in text, text[-4000:]
     assert all(nodes.accepted_logins(i) >= 2 for i in (0, 1))  # the launch and the signal
     resumed = subprocess.run(command, cwd=ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True,
                              text=True, timeout=600)

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
       "hf_zero3.run.preemption", "hf_zero3.run.storage"),),
     (("hf_zero3.plan",),),
     (("hf_zero3.config",), ("hf_zero3.data",)),
-    (("hf_zero3/__init__.py", "hf_zero3.units", "hf_zero3.argtypes", "hf_zero3.recipes"),),
+    (("hf_zero3/__init__.py", "hf_zero3.units", "hf_zero3.argtypes", "hf_zero3.parsing", "hf_zero3.recipes"),),
 )
 """Top first. A row's parts (config, data) are peers: neither imports the other. A module belongs to the longest
 name listed that is it or a package above it; an `__init__.py` listed is that package's own module only (run/'s is

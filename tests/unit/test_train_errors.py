@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.run.arguments import load_arguments
+from hf_zero3.run.arguments import UsageError, load_arguments
 from hf_zero3.run.train import main
 from tests.conftest import ROOT, TINY_YAML, error_naming
 
@@ -474,6 +474,62 @@ def test_preemption_signal_names_and_the_launchers_view_of_them(tmp_path):
     assert signals_of_argv([str(TINY_YAML)]) == [signal.SIGTERM, signal.SIGUSR1]  # the default
 
 
+FAKE_PER_NODE_LAUNCHER = """
+import signal, subprocess, sys
+rank = ("import signal, sys, time; time.sleep(2); "
+        "signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('caught'), sys.exit(0))); "
+        "time.sleep(60)")
+sys.exit(subprocess.call([sys.executable, \"-c\", rank, sys.argv[-1]]))
+"""
+
+
+def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path):
+    """`remote_command` (what pdsh runs on each node) sent before a node's launcher and rank are up, and before the
+    rank installs its handler: it waits, and the rank catches the signal instead of dying of it or missing it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from hf_zero3.run.distributed import free_port
+    from hf_zero3.run.preemption import remote_command
+
+    package = tmp_path / "fake" / "deepspeed" / "launcher"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "launch.py").write_text(FAKE_PER_NODE_LAUNCHER)
+    port, caught = str(free_port()), tmp_path / "caught"
+    holder = subprocess.Popen(["bash", "-c", remote_command(signal.SIGTERM, port)])
+    launcher = subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--master_port={port}",
+                                 str(caught)], env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
+    try:
+        assert launcher.wait(timeout=30) == 0 and caught.read_text() == "caught"
+        assert holder.wait(timeout=10) == 0
+        late = subprocess.Popen(["bash", "-c", remote_command(signal.SIGTERM, port)])  # the node's job is over
+        launcher = subprocess.Popen([sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+                                     f"--master_port={port}", str(tmp_path / "never")],
+                                    env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
+        time.sleep(1)
+        for process in [*psutil.Process(launcher.pid).children(), psutil.Process(launcher.pid)]:
+            process.kill()  # the job ends before its rank has a handler: the hold gives up, not after 600 s
+        assert late.wait(timeout=10) == 0
+    finally:
+        for process in (holder, launcher):
+            process.kill()
+
+
+@pytest.mark.parametrize("signals, stop", [("SIGTERM,SIGUSR1", "SIGINT"), ("SIGINT,SIGUSR1", "SIGTERM")])
+def test_the_signal_that_stops_a_job_is_one_not_blocked_for_preemption(signals, stop):
+    import signal
+
+    from hf_zero3.run.preemption import _stop_signal, parse_signals
+
+    assert _stop_signal(parse_signals(signals)) == signal.Signals[stop]
+
+
 def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_load(capsys, tmp_path):
     from hf_zero3.checkpoint import lifecycle as ckpt
     from tests.conftest import make_checkpoint
@@ -489,6 +545,150 @@ def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_loa
     assert "hidden_size 256 (checkpoint) vs 128 (this model); num_hidden_layers 8 (checkpoint) vs 4" in err
     assert "Resume with the model it was saved from" in err and "another output_dir" in err
     assert "Traceback" not in err
+
+
+def _lora_checkpoint(folder: Path) -> None:
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                            "target_modules": ["q_proj", "v_proj"]}))
+
+
+def _full_checkpoint(folder: Path) -> None:
+    (folder / "config.json").write_text((ROOT / "assets/tiny/model/config.json").read_text())
+
+
+@pytest.mark.parametrize("saved_as, marker, run_with, names", [
+    (_lora_checkpoint, {}, ["--deepspeed", "null"],
+     ["a LoRA adapter's checkpoint", "'r': 4", "this run has no peft: block", "resume it with the peft: block"]),
+    (_full_checkpoint, {}, ["--deepspeed", "null", "--peft", "{r: 4, lora_alpha: 8, target_modules: [q_proj]}"],
+     ["a full fine-tune's checkpoint", "this run has a peft: block", "--peft null"]),
+    (_full_checkpoint, {"ds_config": {"zero_optimization": {"stage": 2}}},
+     ["--deepspeed", ROOT / "recipes/tiny/ds_config.json"],
+     ["saved by ZeRO stage 2", "this run's ds_config has stage 3", "a ds_config of stage 2", "hf-zero3 reshard"]),
+])
+def test_a_resume_that_does_not_match_how_the_checkpoint_was_trained_stops_before_anything_loads(
+        capsys, tmp_path, saved_as, marker, run_with, names):
+    """Full or adapter, and the ZeRO stage, read from the checkpoint's own files before the process group: one line
+    naming both sides and the fix; nothing in output_dir changes."""
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from tests.conftest import make_checkpoint
+
+    out = tmp_path / "run"
+    ckpt.claim_output_dir(out)
+    folder = make_checkpoint(out, 2, world_size=1, marked=False)
+    saved_as(folder)
+    ckpt.write_marker(folder, {"world_size": 1, **marker}, hashes=ckpt.hash_files(folder))
+    before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    err = train_fails_with(capsys, TINY_YAML, *run_with, "--output_dir", out, "--resume_from_checkpoint", "auto",
+                           "--max_steps", "4")
+    error_naming(err, "resume_from_checkpoint", str(folder), *names)
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+def _chat_file(tmp_path: Path, tools: str) -> Path:
+    path = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path.write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"messages": turns, "tools": tools}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("where, overrides, names", [
+    ("override", ["--peft", "{r: 8, lora_alpha: 16"], ["--peft:1:", "invalid YAML", "every { and [ closed"]),
+    ("override", ["--gradient_checkpointing_kwargs", "{use_reentrant: false"],
+     ["--gradient_checkpointing_kwargs:1:", "invalid YAML", "every { and [ closed"]),
+    ("override", ["--peft", "[r: 8"], ["--peft:1:", "invalid YAML", "in quotes"]),
+    ("column", ['[{"type": "function", "function": {"name": "f"'],
+     ["line 2 its tools column:1:", "invalid JSON", "JSON list of function schemas"]),
+])
+def test_json_or_yaml_that_does_not_parse_is_one_line_naming_where_and_the_fix(capsys, tmp_path, where, overrides,
+                                                                                names):
+    """Whatever JSON or YAML text a user hands us, an override or a data column, fails one way: the source, the line
+    and column, what the parser found, and the fix; before anything starts, nothing written."""
+    out = tmp_path / "o"
+    if where == "column":
+        overrides = ["--train_file", _chat_file(tmp_path, overrides[0]), "--validation_file", "null"]
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, *overrides)
+    error_naming(err, names[0], *names[1:])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("model, overrides, names", [
+    ("mixtral", "num_experts_per_tok=6", ["num_experts_per_tok is 6", "num_local_experts 4", "at most 4"]),
+    ("model", "num_key_value_heads=3", ["num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+                                        "a divisor of 4"]),
+    ("model", "num_hidden_layers=0", ["num_hidden_layers is 0", "1 or more"]),
+    ("model", "pad_token_id=2000", ["pad_token_id 2000 is outside the vocabulary", "below 1024"]),
+])
+def test_a_model_config_its_forward_would_trip_on_stops_before_anything_starts(capsys, tmp_path, model, overrides,
+                                                                                names):
+    """Fields transformers builds a model from but whose first forward fails (or whose embedding cannot be made):
+    one line naming the config, the field and the fix, before the process group; nothing written."""
+    out = tmp_path / "o"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, "--model_name_or_path",
+                           "null", "--config_name", ROOT / "assets/tiny" / model, "--config_overrides", overrides)
+    error_naming(err, "model config of", *names)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--leaf_modules", "MixtralSparseMoeBlock", "MixtralExperts"], {"leaf_modules": ["MixtralSparseMoeBlock",
+                                                                                       "MixtralExperts"]}),
+    (["--leaf_modules", "MixtralSparseMoeBlock"], {"leaf_modules": ["MixtralSparseMoeBlock"]}),
+    (["--leaf_modules", "[A, B]", "--max_steps", "3"], {"leaf_modules": ["A", "B"], "max_steps": 3}),
+    (["--leaf_modules", "null"], {"leaf_modules": None}),
+    (["--label_names", "labels"], {"label_names": ["labels"]}),
+    (["--report_to", "wandb", "tensorboard"], {"report_to": ["wandb", "tensorboard"]}),
+    (["--report_to", "none"], {"report_to": "none"}),
+])
+def test_a_list_field_takes_one_name_several_words_or_a_yaml_list(argv, expected):
+    """The command-line forms the docs show for a list (`--leaf_modules A B`, `--leaf_modules A`) and a YAML list
+    all give the list: one name is never split into its characters."""
+    assert load_arguments(argv) == expected
+
+
+def test_several_words_for_a_one_value_field_name_the_field_and_the_fix():
+    with pytest.raises(UsageError) as e:
+        load_arguments(["--max_steps", "3", "4"])
+    error_naming(str(e.value), "max_steps takes one value", "3 4", "quote a value")
+
+
+def _export_merge_of_a_deleted_base(capsys, tmp_path):
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from hf_zero3.cli import main as cli
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    _lora_checkpoint(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    base = tmp_path / "deleted-base"
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(base)}))
+    ckpt.write_finished(folder, {"global_step": 2})
+    assert cli(["export", str(folder), str(tmp_path / "merged"), "--merge"]) != 0
+    captured = capsys.readouterr()
+    assert not (tmp_path / "merged").exists()
+    return captured.out + captured.err
+
+
+def _chat_template_that_does_not_parse(capsys, tmp_path):
+    out = tmp_path / "o"
+    err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--output_dir", out, "--train_file",
+                           _chat_file(tmp_path, "[]"), "--validation_file", "null", "--chat_template",
+                           "{% for m in messages %}{{ m.content }{% endfor %}")
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize("case, names, not_said", [
+    (_export_merge_of_a_deleted_base, ["deleted-base", "base_model_name_or_path", "not there", "--base MODEL"],
+     "Repo id"),
+    (_chat_template_that_does_not_parse, ["the chat template does not parse", "line 1", "Fix the template",
+                                          "chat_template"], "Fix the row"),
+])
+def test_a_message_names_the_input_at_fault_not_another(capsys, tmp_path, case, names, not_said):
+    """A base folder deleted under an adapter is not a malformed hub id; a template that does not parse is not a
+    bad row."""
+    said = case(capsys, tmp_path)
+    error_naming(said, names[0], *names[1:])
+    assert not_said not in said
 
 
 def test_bad_chat_rows_stop_train_before_the_process_group_with_every_row_named(tmp_path, capsys):
