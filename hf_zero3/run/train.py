@@ -40,7 +40,7 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.types import Adapter
-from hf_zero3.run import activation_offload, experts, fp8, lora, regional_compile
+from hf_zero3.run import activation_offload, experts, fp8, lora, regional_compile, sequence_parallel
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -297,7 +297,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if is_world_process_zero():
         for note in prepared.notes:
             print(f"hf_zero3: data: {note}", flush=True)
-    batching = _batching(prepared, model, tokenizer)
+    batching = sequence_parallel.prepare(model, training_args, _batching(prepared, model, tokenizer), tokenizer,
+                                         packed=prepared.layout == "packed")
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
