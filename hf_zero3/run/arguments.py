@@ -123,6 +123,9 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False, metadata={"help": "Long sequences: the MLPs and the logits+loss computed in tiles along the "
                                          "sequence (DeepSpeed's TiledMLP and TiledFusedLogitsLoss), the full "
                                          "activation and logits never held at once. See docs/long-sequences.md."})
+    tiled_compute_tokens: int | None = field(
+        default=None, metadata={"help": "With tiled_compute: tokens per tile. Default: the hidden size for the MLPs, "
+                                        "at most 1 GiB of fp32 logits for the loss."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})

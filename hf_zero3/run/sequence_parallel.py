@@ -33,7 +33,8 @@ IGNORE = -100
 
 
 def size_of(values: dict[str, Any]) -> int:
-    return int(values.get("sequence_parallel_size") or 1)
+    size = values.get("sequence_parallel_size")
+    return 1 if size is None else int(size)
 
 
 def problems(values: dict[str, Any], world_size: int | None, ds_config: dict | None) -> list[str]:
@@ -185,6 +186,32 @@ def prepare(model, training_args, batching: dict[str, Any], tokenizer, packed: b
         print(describe(training_args, attention, packed), flush=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return {**batching, "data_collator": ShardableCollator(batching["data_collator"], sp, pad)}
+
+
+def resumable(trainer) -> None:
+    """Resuming mid-epoch skips the batches already trained; accelerate's `skip_first_batches` cannot skip on the
+    sequence-sharding loader (it reads the wrapped loader's dataset), so the skip goes to the wrapped loader: whole
+    groups of N micro batches there, the rest through the new adapter. Set through the Trainer's documented
+    `get_resumed_dataloader` hook, on this Trainer only."""
+    if getattr(trainer.args, "sequence_parallel_size", 1) <= 1:
+        return
+    stock = trainer.get_resumed_dataloader
+
+    def skip(dataloader, num_batches):
+        from accelerate.data_loader import skip_first_batches
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+        if not isinstance(dataloader, UlyssesSPDataLoaderAdapter):
+            return stock(dataloader, num_batches)
+        groups, rest = divmod(num_batches, dataloader.sp_world_size)
+        adapter = UlyssesSPDataLoaderAdapter(skip_first_batches(dataloader.dl, groups), sp_rank=dataloader.sp_rank,
+                                             sp_group=dataloader.sp_group, sp_world_size=dataloader.sp_world_size,
+                                             device=dataloader.device)
+        for _ in range(rest):
+            next(adapter)
+        return adapter
+
+    trainer.get_resumed_dataloader = skip
 
 
 def describe(training_args, attention: str, packed: bool) -> str:

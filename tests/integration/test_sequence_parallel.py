@@ -4,11 +4,13 @@ text and on packed chat data, and resumes exactly."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 from hf_zero3.run.distributed import free_port
-from tests.conftest import ROOT, TINY_YAML, explain, run, train_log
+from tests.conftest import ROOT, TINY_YAML, explain, losses_by_step, run, train_log, weights
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +54,41 @@ def _same(ours, reference, tolerance=1e-5):
             list(zip(ours, reference))
 
 
+@pytest.fixture(scope="module")
+def sp_runs(init, tmp_path_factory):
+    """Per data kind, the 2-rank sequence-parallel run (a checkpoint at step 3) and the 1-rank plain run."""
+    done = {}
+
+    def get(data):
+        if data not in done:
+            root, extra = tmp_path_factory.mktemp(data), CHAT if data == "packed_chat" else []
+            sp = _sp_run(init, root / "sp", "--save_steps", "3", *extra)
+            assert sp.returncode == 0, explain(sp)
+            plain = _plain_run(init, root / "plain", *extra)
+            assert plain.returncode == 0, explain(plain)
+            done[data] = root, sp
+        return done[data]
+    return get
+
+
 @pytest.mark.parametrize("data", ["text", "packed_chat"])
-def test_two_way_sequence_parallel_matches_one_rank(init, tmp_path, data):
-    extra = CHAT if data == "packed_chat" else []
-    sp = _sp_run(init, tmp_path / "sp", *extra)
-    assert sp.returncode == 0, explain(sp)
+def test_two_way_sequence_parallel_matches_one_rank(sp_runs, data):
+    root, sp = sp_runs(data)
     assert "x 1 data-parallel ranks (2 ranks / sequence parallel 2) = global batch 4" in sp.stdout, sp.stdout
     assert "sequence parallel 2 (Ulysses, sdpa)" in sp.stdout
-    plain = _plain_run(init, tmp_path / "plain", *extra)
-    assert plain.returncode == 0, explain(plain)
-    reference = _records(tmp_path / "plain")
+    reference = _records(root / "plain")
     assert reference[-1][0] < reference[0][0]
-    _same(_records(tmp_path / "sp"), reference)
+    _same(_records(root / "sp"), reference)
+    ours, expected = weights(root / "sp"), weights(root / "plain")
+    assert max((ours[k] - expected[k]).abs().max().item() for k in expected) < 1e-5
+
+
+def test_sequence_parallel_resumes_exactly(init, sp_runs, tmp_path):
+    root, _ = sp_runs("text")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(root / "sp" / "checkpoint-3", resumed / "checkpoint-3")
+    again = _sp_run(init, resumed, "--resume_from_checkpoint", "auto")
+    assert again.returncode == 0, explain(again)
+    assert losses_by_step(resumed) == {s: v for s, v in losses_by_step(root / "sp").items() if s > 3}
+    ours, expected = weights(resumed), weights(root / "sp")
+    assert all(torch.equal(ours[k], expected[k]) for k in expected)
