@@ -107,8 +107,10 @@ def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precisio
 def report_lines(length: LengthPlan, shape: ModelShape, precision: str, attention: str) -> list[str]:
     """`plan`'s length section: per-token activations with and without tiling, each degree tried, the answer."""
     plain, tiled = (per_token(shape, precision, attention, t) for t in (False, True))
-    lines = [f"length    {length.seq_len} tokens: per token, a layer keeps {plain['layer']:,} B ({tiled['layer']:,} B "
-             f"tiled), the logits + loss {plain['logits']:,} B ({tiled['logits']:,} B tiled: one tile at a time)"]
+    head = (f"length    {length.seq_len} tokens: per token, a layer keeps {plain['layer']:,} B "
+            f"({tiled['layer']:,} B tiled), the logits + loss {plain['logits']:,} B ({tiled['logits']:,} B tiled: "
+            "one tile at a time)")
+    lines = [head]
     for option in length.tried:
         traffic = f", all-to-all {option.all_to_all / 1e9:.2f} GB per rank per sequence" if option.sp > 1 else ""
         verdict = f"fits: {describe(option.choice.plan.spec)}" if option.choice.fits else "does not fit"

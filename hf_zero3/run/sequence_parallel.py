@@ -18,6 +18,10 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from hf_zero3.config.check import load_config
+from hf_zero3.data.collate import attention_of as kernel_of
+from hf_zero3.run.arguments import UsageError
+
 ATTENTIONS = ("sdpa", "flash_attention_2", "flash_attention_3")
 """Attention kernels Ulysses wraps (Accelerate's list; eager and flex need a full-length mask it cannot shard)."""
 
@@ -68,8 +72,6 @@ def problems(values: dict[str, Any], world_size: int | None, ds_config: dict | N
 def problems_of(values: dict[str, Any], world_size: int | None) -> list[str]:
     """`problems` with the run's ds_config read from `deepspeed` (a path or a dict); an unreadable one is the ds_config
     check's to report."""
-    from hf_zero3.config.check import load_config
-
     source = values.get("deepspeed") if size_of(values) > 1 else None
     try:
         ds_config = load_config(source) if isinstance(source, str) else source
@@ -161,17 +163,13 @@ def keep_packed_examples_apart() -> None:
 
 def attention_of(model) -> str:
     """The attention kernel the model runs (the model peft wraps, in a LoRA run)."""
-    from hf_zero3.data.collate import attention_of as kernel
-
-    return kernel(model.get_base_model() if hasattr(model, "peft_config") else model)
+    return kernel_of(model.get_base_model() if hasattr(model, "peft_config") else model)
 
 
 def prepare(model, training_args, batching: dict[str, Any], tokenizer, packed: bool) -> dict[str, Any]:
     """Put sequence parallelism into the run before the Trainer is built: the ParallelismConfig on the
     TrainingArguments, the collator made shardable, packed SDPA kept apart. Returns the Trainer's batching
     arguments (unchanged without sequence parallelism)."""
-    from hf_zero3.run.arguments import UsageError
-
     sp = training_args.sequence_parallel_size
     if sp <= 1:
         return batching

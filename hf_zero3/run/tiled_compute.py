@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from hf_zero3.run.arguments import UsageError
+
 IGNORE = -100
 
 LOGITS_TILE_BYTES = 1 << 30
@@ -116,8 +118,6 @@ def enable_for_run(model, training_args) -> None:
     say so on rank 0; a model it cannot tile is a usage error."""
     if not training_args.tiled_compute:
         return
-    from hf_zero3.run.arguments import UsageError
-
     try:
         count = enable(model, training_args.tiled_compute_tokens)
     except ValueError as e:

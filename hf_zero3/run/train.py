@@ -40,7 +40,15 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.types import Adapter
-from hf_zero3.run import activation_offload, experts, fp8, lora, regional_compile, sequence_parallel, tiled_compute
+from hf_zero3.run import (
+    activation_offload,
+    experts,
+    fp8,
+    lora,
+    regional_compile,
+    sequence_parallel,
+    tiled_compute,
+)
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
