@@ -18,6 +18,9 @@ STEPS = 6
 COMMON = ["--max_steps", str(STEPS), "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null",
           "--learning_rate", "1.0e-3", "--warmup_steps", "2", "--attn_implementation", "sdpa"]
 CHAT = ["--train_file", ROOT / "assets/tiny/chat/train.jsonl", "--block_size", "256"]
+TILED = ["--tiled_compute", "true", "--tiled_compute_tokens", "48"]
+"""The packed chat run also tiles (each rank's 128 tokens: 3 MLP and loss tiles, the last one short): tiling on
+(here) and off (the plain run) give the same losses and gradients under ZeRO-3 and sequence parallelism too."""
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def sp_runs(init, tmp_path_factory):
     def get(data):
         if data not in done:
             root, extra = tmp_path_factory.mktemp(data), CHAT if data == "packed_chat" else []
-            sp = _sp_run(init, root / "sp", "--save_steps", "3", *extra)
+            sp = _sp_run(init, root / "sp", "--save_steps", "3", *extra, *(TILED if data == "packed_chat" else []))
             assert sp.returncode == 0, explain(sp)
             plain = _plain_run(init, root / "plain", *extra)
             assert plain.returncode == 0, explain(plain)
@@ -76,6 +79,7 @@ def test_two_way_sequence_parallel_matches_one_rank(sp_runs, data):
     root, sp = sp_runs(data)
     assert "x 1 data-parallel ranks (2 ranks / sequence parallel 2) = global batch 4" in sp.stdout, sp.stdout
     assert "sequence parallel 2 (Ulysses, sdpa)" in sp.stdout
+    assert ("tiled compute on: 4 MLPs" in sp.stdout) == (data == "packed_chat")
     reference = _records(root / "plain")
     assert reference[-1][0] < reference[0][0]
     _same(_records(root / "sp"), reference)

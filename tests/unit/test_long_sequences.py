@@ -142,3 +142,16 @@ def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
     # q, k, v and the output: (2 x 4096 + 2 x 1024) x 2 B per token per layer, 7/8 of it to other ranks, fwd + bwd
     assert all_to_all_bytes(shape, 8192, 8, "bf16") == 2 * 32 * (1024 * 2 * 10240 * 7 // 8)
     assert all_to_all_bytes(shape, 8192, 1, "bf16") == 0
+
+
+def test_the_card_and_the_banner_count_data_parallel_ranks_under_sequence_parallelism():
+    from hf_zero3.checkpoint.card import hyperparameters
+    from hf_zero3.run.facts import RunFacts
+
+    rows = hyperparameters({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2,
+                            "sequence_parallel_size": 4}, world_size=8, ds_config=None)
+    assert rows["sequence_parallel_size"] == 4 and rows["total_train_batch_size"] == 4  # 1 x 2 x (8 / 4)
+    assert "sequence_parallel_size" not in hyperparameters({}, world_size=8, ds_config=None)
+    facts = RunFacts.from_values({"sequence_parallel_size": 4, "per_device_train_batch_size": 1,
+                                  "gradient_accumulation_steps": 2})
+    assert facts.describe(8).endswith("x 2 data-parallel ranks (8 ranks / sequence parallel 4) = global batch 4")
