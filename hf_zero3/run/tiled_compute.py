@@ -15,6 +15,7 @@ runs the agreed number of tiles.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -74,6 +75,7 @@ def tile_loss(causal_lm, tile_tokens: int | None) -> None:
         logits = lm_head(x).float()
         return F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
 
+    @functools.wraps(forward)  # the Trainer keeps the dataset columns the forward's signature names
     def tiled_forward(input_ids=None, labels=None, **kwargs):
         if not (causal_lm.training and torch.is_grad_enabled()) or (labels is None and "shift_labels" not in kwargs):
             return forward(input_ids=input_ids, labels=labels, **kwargs)

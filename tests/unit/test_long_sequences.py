@@ -5,6 +5,7 @@ what it needs; the packed mask keeps examples apart."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -53,6 +54,7 @@ def test_tiled_loss_takes_the_trainers_token_count_and_leaves_evaluation_alone()
     for count in (None, torch.tensor(200)):  # num_items_in_batch: the tokens of the whole accumulated batch
         extra = {} if count is None else {"num_items_in_batch": count}
         assert abs(_loss_and_grads(plain, ids, ids, **extra)[0] - _loss_and_grads(tiled, ids, ids, **extra)[0]) < 1e-5
+    assert "position_ids" in inspect.signature(tiled.forward).parameters  # the Trainer keeps the columns it names
     tiled.eval()
     with torch.no_grad():
         assert tiled(input_ids=ids, labels=ids).logits.shape == (1, 64, 1024)
@@ -155,3 +157,15 @@ def test_the_card_and_the_banner_count_data_parallel_ranks_under_sequence_parall
     facts = RunFacts.from_values({"sequence_parallel_size": 4, "per_device_train_batch_size": 1,
                                   "gradient_accumulation_steps": 2})
     assert facts.describe(8).endswith("x 2 data-parallel ranks (8 ranks / sequence parallel 4) = global batch 4")
+
+
+def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsys):
+    from hf_zero3.cli import main
+
+    node = ["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu-mem", "80GB", "--host-ram", "2TB"]
+    assert main([*node, "--gpus", "2", "--seq-len", "262144"]) == 0
+    out = capsys.readouterr().out
+    assert "length    sequence_parallel_size 2, tiled_compute true (131072 tokens per rank), all-to-all" in out, out
+    assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
+    assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
+    assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out
