@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from hf_zero3.config.check import load_config
 from hf_zero3.data.collate import attention_of as kernel_of
+from hf_zero3.data.collate import flattens
 from hf_zero3.run.arguments import UsageError
 
 ATTENTIONS = ("sdpa", "flash_attention_2", "flash_attention_3")
@@ -177,6 +178,10 @@ def prepare(model, training_args, batching: dict[str, Any], tokenizer, packed: b
     if attention not in ATTENTIONS and not _hub_flash(attention):
         raise UsageError(f"the model runs {attention} attention, which Ulysses sequence parallelism cannot wrap: set "
                          "attn_implementation sdpa (or flash_attention_2 on GPUs)")
+    if packed and flattens(attention) and training_args.per_device_train_batch_size > 1:
+        raise UsageError(f"packed data under {attention} is flattened into one row per micro batch, and Ulysses "
+                         "sequence parallelism takes rows of the micro batch's size: set per_device_train_batch_size "
+                         "1 (a longer block_size holds the same tokens)")
     training_args.parallelism_config = parallelism_config(sp, attention)
     if packed and attention == "sdpa":
         keep_packed_examples_apart()

@@ -169,3 +169,16 @@ def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsy
     assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
     assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
     assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out
+
+
+def test_packed_rows_flattened_for_flash_attention_take_micro_batch_1_under_sequence_parallelism():
+    import types
+
+    from hf_zero3.run.arguments import UsageError
+
+    model = _tiny()
+    model.config._attn_implementation = "flash_attention_2"  # what a GPU run loads; the check reads only the name
+    args = types.SimpleNamespace(sequence_parallel_size=2, per_device_train_batch_size=4)
+    with pytest.raises(UsageError) as error:
+        sequence_parallel.prepare(model, args, {"data_collator": None}, None, packed=True)
+    error_naming(str(error.value), "flattened", "set per_device_train_batch_size 1")
