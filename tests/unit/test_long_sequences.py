@@ -182,3 +182,17 @@ def test_packed_rows_flattened_for_flash_attention_take_micro_batch_1_under_sequ
     with pytest.raises(UsageError) as error:
         sequence_parallel.prepare(model, args, {"data_collator": None}, None, packed=True)
     error_naming(str(error.value), "flattened", "set per_device_train_batch_size 1")
+
+
+@pytest.mark.usefixtures("single_rank_env")
+def test_train_refuses_a_bad_sequence_parallel_run_before_start_naming_each_fix(capsys, tmp_path):
+    from hf_zero3.run.train import main
+    from tests.conftest import TINY_YAML
+
+    assert main([str(TINY_YAML), "--max_steps", "1", "--sequence_parallel_size", "2", "--block_size", "127",
+                 "--attn_implementation", "eager", "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    error_naming(err, "world size 1", "launch a multiple of 2 ranks")
+    error_naming(err, "block_size 127", "multiple of 2")
+    error_naming(err, "attn_implementation eager", "set attn_implementation sdpa")
+    assert not (tmp_path / "o").exists()
