@@ -59,13 +59,15 @@ def hyperparameters(training: dict[str, Any], world_size: int, ds_config: dict[s
     """The short list the Trainer's own card gives, from the recorded TrainingArguments (not all 100 of them)."""
     batch = SimpleNamespace(per_device_train_batch_size=training.get("per_device_train_batch_size", 1),
                             gradient_accumulation_steps=training.get("gradient_accumulation_steps", 1),
-                            world_size=world_size)
+                            world_size=world_size,
+                            sequence_parallel_size=training.get("sequence_parallel_size") or 1)
     rows: dict[str, Any] = {
         "learning_rate": training.get("learning_rate"),
         "train_batch_size": batch.per_device_train_batch_size,
         "seed": training.get("seed"),
         "distributed_type": "DeepSpeed ZeRO-3" if ds_config else "multi-process",
         "num_devices": world_size,
+        "sequence_parallel_size": batch.sequence_parallel_size if batch.sequence_parallel_size > 1 else None,
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
         "total_train_batch_size": global_batch_of(batch),
         "optimizer": training.get("optim"),

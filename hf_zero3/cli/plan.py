@@ -134,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.presets import render
     from hf_zero3.plan.choose import choose
+    from hf_zero3.plan.length import length_json, plan_length, report_lines
     from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json
     from hf_zero3.plan.shapes import ModelError
     from hf_zero3.plan.types import PlanError
@@ -147,9 +148,14 @@ def main(args: argparse.Namespace) -> int:
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter)
+        length = None if choice.fits else plan_length(
+            shape, hardware, seq_len, precision=args.precision, attention=args.attention, liger=liger,
+            adapter=adapter, load_bytes=4 if args.from_scratch else None)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if length is not None and length.best is not None:  # sequence parallelism or tiling makes it fit
+        choice = length.best.choice
     if args.write_config and choice.fits:
         try:
             Path(args.write_config).write_text(render(choice.ds_config))
@@ -179,9 +185,12 @@ def main(args: argparse.Namespace) -> int:
             "breakdown_of": plan_json(shown),
             "breakdown": terms_json(shown),
             "options": [plan_json(p) for p in rows(choice)],
+            "length": length_json(length),
         }, indent=2))
     else:
         print_choice(shape, hardware, seq_len, choice, liger_why=liger_why)
+        for line in report_lines(length, shape, args.precision, args.attention) if length is not None else []:
+            print(line)
         if args.hardware and choice.fits and choice.plan.nvme_bytes:
             from hf_zero3.plan.profiles import get, nvme_seconds_per_step
 

@@ -28,3 +28,8 @@ def accumulation(total: int, micro: int, world: int) -> int | None:
 def world_size_of(total: int, micro: int, accum: int) -> int | None:
     """The world size a global batch `total` implies for `micro` x `accum`; None when no whole number does."""
     return accumulation(total, micro, accum)  # the same division: total / (micro x accum)
+
+
+def data_parallel(world: int, sequence_parallel: int = 1) -> int:
+    """Ranks that see different sequences: with sequence parallelism, `sequence_parallel` ranks share each one."""
+    return max(world // max(sequence_parallel, 1), 1)

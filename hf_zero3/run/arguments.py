@@ -115,6 +115,17 @@ class TrainingArguments(transformers.TrainingArguments):
                                                    "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
                                                    "a checkpoint is saved and the run exits with code "
                                                    f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
+    sequence_parallel_size: int = field(
+        default=1, metadata={"help": "Ulysses sequence parallelism: each sequence split over this many ranks "
+                                     "(DeepSpeed's, through the stock ParallelismConfig); the data-parallel size is "
+                                     "world size / this. Needs a ds_config. See docs/long-sequences.md."})
+    tiled_compute: bool = field(
+        default=False, metadata={"help": "Long sequences: the MLPs and the logits+loss computed in tiles along the "
+                                         "sequence (DeepSpeed's TiledMLP and TiledFusedLogitsLoss), the full "
+                                         "activation and logits never held at once. See docs/long-sequences.md."})
+    tiled_compute_tokens: int | None = field(
+        default=None, metadata={"help": "With tiled_compute: tokens per tile. Default: the hidden size for the MLPs, "
+                                        "at most 1 GiB of fp32 logits for the loss."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})

@@ -13,7 +13,7 @@ from typing import Any
 from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
-from hf_zero3.run import lora, model_checks, resume_checks
+from hf_zero3.run import lora, model_checks, resume_checks, sequence_parallel
 from hf_zero3.run.arguments import TrainingArguments, UsageError
 from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
 from hf_zero3.run.preemption import DEFAULT_SIGNALS, parse_signals
@@ -158,6 +158,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     problems += _ds_config_problems(values, device)
     problems += lora.problems(values)
     problems += resume_checks.problems(values)
+    problems += sequence_parallel.problems_of(values, launched_world_size())
     if values.get("fp8"):
         from hf_zero3.run import fp8  # torch: imported only when the option is used
 

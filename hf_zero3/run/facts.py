@@ -55,6 +55,10 @@ class RunFacts:
     """`activation_offload` as set: None leaves it to the ds_config (`activation_offload_of`)."""
     checkpointed_layers: int | None = None
     """`gradient_checkpointing_layers`: checkpointing on the first N layers only (None: all, when on)."""
+    sequence_parallel: int = 1
+    """`sequence_parallel_size`: ranks that share each sequence (Ulysses); the data-parallel size is world / this."""
+    tiled_compute: bool = False
+    """`tiled_compute`: the MLPs and the logits+loss in tiles along the sequence."""
 
     def checkpointing(self, activation_offload: bool) -> dict[str, Any]:
         """The spec fields for this run's checkpointing (`ZeroSpec`); with activation offload the planner models
@@ -71,11 +75,17 @@ class RunFacts:
                            "activation_offload": offload})
 
     def global_batch(self, world_size: int) -> int:
-        """Sequences per optimizer step over all ranks."""
-        return batch.global_batch(self.micro_batch, self.grad_accum, world_size)
+        """Sequences per optimizer step over all ranks (ranks of one sequence-parallel group share a sequence)."""
+        return batch.global_batch(self.micro_batch, self.grad_accum,
+                                  batch.data_parallel(world_size, self.sequence_parallel))
 
     def describe(self, world_size: int) -> str:
-        return (f"micro batch {self.micro_batch} x accumulation {self.grad_accum} x {world_size} ranks = global "
+        if self.sequence_parallel > 1:
+            ranks = (f"{batch.data_parallel(world_size, self.sequence_parallel)} data-parallel ranks ({world_size} "
+                     f"ranks / sequence parallel {self.sequence_parallel})")
+        else:
+            ranks = f"{world_size} ranks"
+        return (f"micro batch {self.micro_batch} x accumulation {self.grad_accum} x {ranks} = global "
                 f"batch {self.global_batch(world_size)}")
 
     @classmethod
@@ -98,7 +108,8 @@ class RunFacts:
                    from_scratch=not values.get("model_name_or_path"),
                    activation_checkpointing=bool(get("gradient_checkpointing")),
                    liger=bool(get("use_liger_kernel")), activation_offload=None if offload is None else bool(offload),
-                   checkpointed_layers=get("gradient_checkpointing_layers"))
+                   checkpointed_layers=get("gradient_checkpointing_layers"),
+                   sequence_parallel=int(get("sequence_parallel_size")), tiled_compute=bool(get("tiled_compute")))
 
     @classmethod
     def from_args(cls, training_args: Any, seq_len: int, model_config: Any = None,
@@ -113,13 +124,16 @@ class RunFacts:
                    activation_checkpointing=bool(training_args.gradient_checkpointing),
                    liger=bool(getattr(training_args, "use_liger_kernel", False)),
                    activation_offload=None if offload is None else bool(offload),
-                   checkpointed_layers=getattr(training_args, "gradient_checkpointing_layers", None))
+                   checkpointed_layers=getattr(training_args, "gradient_checkpointing_layers", None),
+                   sequence_parallel=getattr(training_args, "sequence_parallel_size", 1),
+                   tiled_compute=bool(getattr(training_args, "tiled_compute", False)))
 
 
 def global_batch_of(training_args: Any) -> int:
     """Sequences per optimizer step of a running Trainer, over its own world size (for callbacks)."""
     return batch.global_batch(training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
-                              training_args.world_size)
+                              batch.data_parallel(training_args.world_size,
+                                                  getattr(training_args, "sequence_parallel_size", 1)))
 
 
 def ds_config_of(training_args: Any) -> dict | None:

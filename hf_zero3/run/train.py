@@ -40,7 +40,15 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.types import Adapter
-from hf_zero3.run import activation_offload, experts, fp8, lora, regional_compile
+from hf_zero3.run import (
+    activation_offload,
+    experts,
+    fp8,
+    lora,
+    regional_compile,
+    sequence_parallel,
+    tiled_compute,
+)
 from hf_zero3.run.arguments import (
     ArgumentParser,
     ModelArguments,
@@ -297,7 +305,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     if is_world_process_zero():
         for note in prepared.notes:
             print(f"hf_zero3: data: {note}", flush=True)
-    batching = _batching(prepared, model, tokenizer)
+    batching = sequence_parallel.prepare(model, training_args, _batching(prepared, model, tokenizer), tokenizer,
+                                         packed=prepared.layout == "packed")
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
@@ -322,6 +331,8 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         **batching,
     )
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
+    tiled_compute.enable_for_run(model, training_args)  # likewise: the tiles call Liger's forwards
+    sequence_parallel.resumable(trainer)
     _maybe_fp8(model, training_args)  # before compiling: the compiled layers trace the float8 casts
     _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])

@@ -1,0 +1,195 @@
+"""Long sequences, one process: tiled compute trains the same loss and gradients as the untiled model (full and
+LoRA); the sequence-parallel checks name the field and the fix; the collator hands the sequence-sharding loader
+what it needs; the packed mask keeps examples apart."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+from hf_zero3.run import sequence_parallel, tiled_compute
+from tests.conftest import ROOT, error_naming
+from tests.unit.test_lora import small_peft_model
+
+
+def _tiny():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(ROOT / "assets/tiny/model")
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config).train()
+
+
+def _loss_and_grads(model, ids, labels, **extra):
+    loss = model(input_ids=ids, labels=labels, **extra).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_tiled_compute_gives_the_untiled_loss_and_gradients(lora):
+    plain = small_peft_model() if lora else _tiny()
+    tiled = copy.deepcopy(plain)
+    assert tiled_compute.enable(tiled, tile_tokens=24) > 0  # 100 tokens: 5 tiles, the last one short
+    torch.manual_seed(1)
+    vocab = plain.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 100))
+    labels = ids.clone()
+    labels[0, :10] = -100
+    loss, grads = _loss_and_grads(plain, ids, labels)
+    tiled_loss, tiled_grads = _loss_and_grads(tiled, ids, labels)
+    assert abs(loss - tiled_loss) < 1e-5
+    assert grads.keys() == tiled_grads.keys() and grads
+    assert max((grads[k] - tiled_grads[k]).abs().max().item() for k in grads) < 1e-6
+
+
+def test_tiled_loss_takes_the_trainers_token_count_and_leaves_evaluation_alone():
+    plain, tiled = _tiny(), _tiny()
+    tiled_compute.enable(tiled, tile_tokens=16)
+    ids = torch.randint(0, 1000, (1, 64))
+    for count in (None, torch.tensor(200)):  # num_items_in_batch: the tokens of the whole accumulated batch
+        extra = {} if count is None else {"num_items_in_batch": count}
+        assert abs(_loss_and_grads(plain, ids, ids, **extra)[0] - _loss_and_grads(tiled, ids, ids, **extra)[0]) < 1e-5
+    assert "position_ids" in inspect.signature(tiled.forward).parameters  # the Trainer keeps the columns it names
+    tiled.eval()
+    with torch.no_grad():
+        assert tiled(input_ids=ids, labels=ids).logits.shape == (1, 64, 1024)
+
+
+@pytest.mark.parametrize("values, field, fix", [
+    ({"sequence_parallel_size": 3, "deepspeed": {}}, "world size 4", "multiple of 3"),
+    ({"sequence_parallel_size": 2, "block_size": 129, "deepspeed": {}}, "block_size 129", "multiple of 2"),
+    ({"sequence_parallel_size": 2, "attn_implementation": "eager", "deepspeed": {}}, "attn_implementation eager",
+     "sdpa"),
+    ({"sequence_parallel_size": 2}, "needs DeepSpeed", "set deepspeed"),
+    ({"sequence_parallel_size": 2, "deepspeed": {"zero_optimization": {"stage": 3, "reduce_scatter": False}}},
+     "reduce_scatter", "set reduce_scatter true"),
+    ({"sequence_parallel_size": 0}, "sequence_parallel_size", ">= 1"),
+])
+def test_sequence_parallel_problems_name_the_field_and_the_fix(values, field, fix):
+    error_naming("\n".join(sequence_parallel.problems_of(values, world_size=4)), field, fix)
+
+
+def test_a_good_sequence_parallel_run_and_a_fixed_deepspeed_pass():
+    good = {"sequence_parallel_size": 2, "block_size": 128, "attn_implementation": "sdpa",
+            "deepspeed": {"zero_optimization": {"stage": 3}}}
+    assert sequence_parallel.problems_of(good, world_size=4) == []
+    assert sequence_parallel.problems_of({"block_size": 127}, world_size=3) == []  # off: nothing to check
+    off = {"zero_optimization": {"stage": 3, "reduce_scatter": False}}
+    assert sequence_parallel.reduce_scatter_problem(off, 2, deepspeed_version="0.20.2") is None
+    assert sequence_parallel.reduce_scatter_problem(off, 2, deepspeed_version="0.19.8") is not None
+
+
+def test_the_collator_adds_positions_pads_to_the_group_and_drops_whole_sequence_boundaries():
+    def base(features):
+        return {"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.ones(2, 5, dtype=torch.long),
+                "cu_seq_lens_q": torch.tensor([0, 5]), "max_length_q": 5, "use_cache": False}
+
+    batch = sequence_parallel.ShardableCollator(base, 4, pad_token_id=3)([])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (2, 8)
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # the padding is an example of its own
+    assert batch["labels"][0, 5:].tolist() == [-100] * 3 and batch["input_ids"][0, 5:].tolist() == [3] * 3
+    assert "cu_seq_lens_q" not in batch and "max_length_q" not in batch and batch["use_cache"] is False
+
+
+def test_the_packed_mask_is_causal_within_each_example_only():
+    mask = sequence_parallel.document_mask(torch.tensor([[0, 1, 2, 0, 1]]))[0, 0]
+    assert mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
+
+
+def _llama8b():
+    from hf_zero3.plan.shapes import load_shape
+
+    return load_shape("meta-llama/Meta-Llama-3-8B")
+
+
+def test_the_planner_reaches_a_length_with_tiling_on_one_gpu():
+    from hf_zero3.plan.length import plan_length
+    from hf_zero3.plan.types import Hardware
+    from hf_zero3.units import GB
+
+    shape = _llama8b()
+    one = plan_length(shape, Hardware(1, 1, 141 * GB, 2000 * GB), 131072)
+    assert one.best is not None and (one.best.sp, one.best.tiled) == (1, True)
+    assert not one.tried[0].choice.fits  # untiled, the logits alone are 1.5 MB a token
+    assert one.best.choice.training_args["tiled_compute"] is True
+    assert "use_liger_kernel" not in one.best.choice.training_args
+    # on a node: test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit
+
+
+def test_the_planner_says_why_nothing_fits_a_length():
+    from hf_zero3.plan.length import plan_length
+    from hf_zero3.plan.types import Hardware
+    from hf_zero3.units import GB
+
+    none = plan_length(_llama8b(), Hardware(1, 1, 80 * GB, 2000 * GB), 1 << 22)
+    assert none.best is None
+    assert "nothing fits 4194304 tokens" in none.why_not and "larger sequence_parallel_size" in none.why_not
+
+
+def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
+    from hf_zero3.plan.length import all_to_all_bytes, per_token
+
+    shape = _llama8b()
+    plain, tiled = per_token(shape, "bf16", "sdpa", False), per_token(shape, "bf16", "sdpa", True)
+    assert plain["layer"] - tiled["layer"] == 4 * 2 * shape.ffn and plain["logits"] == 12 * shape.vocab
+    assert tiled["logits"] == 0
+    # q, k, v and the output: (2 x 4096 + 2 x 1024) x 2 B per token per layer, 7/8 of it to other ranks, fwd + bwd
+    assert all_to_all_bytes(shape, 8192, 8, "bf16") == 2 * 32 * (1024 * 2 * 10240 * 7 // 8)
+    assert all_to_all_bytes(shape, 8192, 1, "bf16") == 0
+
+
+def test_the_card_and_the_banner_count_data_parallel_ranks_under_sequence_parallelism():
+    from hf_zero3.checkpoint.card import hyperparameters
+    from hf_zero3.run.facts import RunFacts
+
+    rows = hyperparameters({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2,
+                            "sequence_parallel_size": 4}, world_size=8, ds_config=None)
+    assert rows["sequence_parallel_size"] == 4 and rows["total_train_batch_size"] == 4  # 1 x 2 x (8 / 4)
+    assert "sequence_parallel_size" not in hyperparameters({}, world_size=8, ds_config=None)
+    facts = RunFacts.from_values({"sequence_parallel_size": 4, "per_device_train_batch_size": 1,
+                                  "gradient_accumulation_steps": 2})
+    assert facts.describe(8).endswith("x 2 data-parallel ranks (8 ranks / sequence parallel 4) = global batch 4")
+
+
+def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsys):
+    from hf_zero3.cli import main
+
+    node = ["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu-mem", "80GB", "--host-ram", "2TB"]
+    assert main([*node, "--gpus", "2", "--seq-len", "262144"]) == 0
+    out = capsys.readouterr().out
+    assert "length    sequence_parallel_size 2, tiled_compute true (131072 tokens per rank), all-to-all" in out, out
+    assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
+    assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
+    assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out
+
+
+def test_packed_rows_flattened_for_flash_attention_take_micro_batch_1_under_sequence_parallelism():
+    import types
+
+    from hf_zero3.run.arguments import UsageError
+
+    model = _tiny()
+    model.config._attn_implementation = "flash_attention_2"  # what a GPU run loads; the check reads only the name
+    args = types.SimpleNamespace(sequence_parallel_size=2, per_device_train_batch_size=4)
+    with pytest.raises(UsageError) as error:
+        sequence_parallel.prepare(model, args, {"data_collator": None}, None, packed=True)
+    error_naming(str(error.value), "flattened", "set per_device_train_batch_size 1")
+
+
+@pytest.mark.usefixtures("single_rank_env")
+def test_train_refuses_a_bad_sequence_parallel_run_before_start_naming_each_fix(capsys, tmp_path):
+    from hf_zero3.run.train import main
+    from tests.conftest import TINY_YAML
+
+    assert main([str(TINY_YAML), "--max_steps", "1", "--sequence_parallel_size", "2", "--block_size", "127",
+                 "--attn_implementation", "eager", "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    error_naming(err, "world size 1", "launch a multiple of 2 ranks")
+    error_naming(err, "block_size 127", "multiple of 2")
+    error_naming(err, "attn_implementation eager", "set attn_implementation sdpa")
+    assert not (tmp_path / "o").exists()
