@@ -94,22 +94,22 @@ def test_the_seed_claims_gpu_report_is_rendered_from_its_rungs():
         "rebuild it: python -m hf_zero3 compare tiny --report-only --out <copy of the folder> --label ..."
 
 
-def test_the_readme_results_table_is_its_reports_summary():
-    """README.md's results table quotes the report it links: each row's runs, tokens/s, MFU and peak memory are a row
-    of the bench report's summary, and each ratio is ours over that row."""
+def test_the_readme_results_table_quotes_the_reports_it_links():
+    """README.md's results table quotes the report each row links: its tokens/s, MFU and peak memory are in that
+    report, and no row publishes a ratio (none is measured against the competent user's best baseline yet)."""
     import re
 
     readme = (ROOT / "README.md").read_text()
-    report_md = re.search(r"^Report: \[[^]]*\]\((benchmarks/results/[^)]+)/report\.md\)", readme, re.M).group(1)
-    summary = "".join(p.read_text() for p in (ROOT / report_md).glob("*_tuned.md"))
-    measured = {(tps, mfu, peak, runs) for tps, mfu, peak, runs in re.findall(
-        r"^\| \w+ \| (\d+) \| [\d.]+ \| ([\d.]+)% \| ([\d.]+) \|.*\| (\d+): \d+-\d+ \|$", summary, re.M)}
-    rows = re.findall(r"^\| [^|]+ \| (\d+) \| (\d+) \| ([\d.]+)% \| ([\d.]+) \| ?(?:([\d.]+)x)? ?\|$", readme, re.M)
-    assert len(rows) >= 4
-    ours = int(rows[0][1])
-    for runs, tps, mfu, peak, ratio in rows:
-        assert (tps, mfu, peak, runs) in measured, (tps, mfu, peak, runs)
-        assert not ratio or float(ratio) == round(ours / int(tps), 2), (tps, ratio)
+    section = readme[readme.index("## Results"):readme.index("## More")]
+    links = dict(re.findall(r"^\[([\w-]+)\]: (\S+)$", readme, re.M))
+    rows = re.findall(r"^\| [^|]+ \| [^|]+ \| [^|]+ \| \d+ \| ([\d,]+) \| ([\d.]+%) \| ([\d.]+) \| \[[^]]+\]\[([\w-]+)\] \|$",
+                      section, re.M)
+    assert len(rows) >= 2, section
+    for tps, mfu, peak, ref in rows:
+        report = (ROOT / links[ref]).read_text()
+        assert tps in report or tps.replace(",", "") in report, (tps, links[ref])
+        assert mfu in report and peak in report, (mfu, peak, links[ref])
+    assert not re.search(r"\| [\d.]+x \|", section), "a ratio in the README's results table"
 
 
 def test_the_index_names_only_scripts_and_reports_that_exist():
