@@ -222,7 +222,7 @@ def test_every_package_folder_is_in_the_doc():
     assert all(f"`hf_zero3/{name}/`" in text for name in folders), folders
 
 
-@pytest.mark.parametrize("name", ["types", "memory", "choose", "advice"])
+@pytest.mark.parametrize("name", ["types", "memory", "partitions", "choose", "advice"])
 def test_the_memory_model_is_pure_arithmetic(name):
     """The planner's arithmetic imports nothing that reads the machine, at any level (it plans for other machines)."""
     tree = ast.parse((PACKAGE / "plan" / f"{name}.py").read_text())
