@@ -114,7 +114,7 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
 
     `kind`: "model" (every weight trained), "adapter" (a LoRA run's adapter folder) or "merged" (the base with the
     adapter merged in). `base_model`: the base's hub id when the run's own record does not give one."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     checkpoint = Path(checkpoint)
     # A finished output_dir (its final save wrote ZeRO shards) has no marker of its own: the run's provenance is in
@@ -122,18 +122,28 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     finished = read_finished(checkpoint) if read_marker(checkpoint) is None else None
     source = (newest_complete(checkpoint) if finished else None) or checkpoint
     marker = read_marker(source) or {}
-    training = marker.get("training_args") or {}
     sources = marker.get("sources") or {}
-    recipe = marker.get("recipe") or {}
-    speed = marker.get("throughput") or {}
     history = _history(checkpoint)
     lora = _lora(checkpoint) if kind != "model" else {}
     base_model = hub_id(base_model) or hub_id(sources.get("base_model")) or hub_id(lora.get("base_model_name_or_path"))
     datasets = [d for d in map(hub_id, sources.get("datasets") or []) if d]
     name = model_name or (checkpoint.name if finished else checkpoint.parent.name) or "model"
-    step = finished.get("global_step") if finished else checkpoint_step(checkpoint)
-    loss, loss_step = _last(history, "loss")
     eval_loss, eval_step = _last(history, "eval_loss")
+    data = _card_data(marker, kind, name, base_model, datasets, eval_loss, license, bool(lora))
+    lines = [f"# {name}", "", _intro(kind, base_model, datasets, bool(sources.get("base_model") or lora), lora), ""]
+    if eval_loss is not None:
+        lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
+                  f"- Loss: {eval_loss:.4f}", f"- Perplexity: {perplexity(eval_loss):.4f}", ""]
+    lines += _procedure(checkpoint, marker, finished, history, dtype, kind)
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def _card_data(marker: dict, kind: str, name: str, base_model: str | None, datasets: list[str],
+               eval_loss: float | None, license: str | None, lora: bool):
+    """The card's metadata: base model, datasets, license, library, the evaluation results, the tags."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    recipe = marker.get("recipe") or {}
     results = []
     if eval_loss is not None:
         where = {"task_type": "text-generation", "task_name": "Causal Language Modeling",
@@ -142,34 +152,41 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
         results = [EvalResult(metric_type="loss", metric_name="Eval loss", metric_value=round(eval_loss, 4), **where),
                    EvalResult(metric_type="perplexity", metric_name="Perplexity",
                               metric_value=round(perplexity(eval_loss), 4), **where)]
-    data = ModelCardData(
+    return ModelCardData(
         base_model=base_model, datasets=datasets or None,
-        license=license or training.get("hub_license") or DEFAULT_LICENSE,
+        license=license or (marker.get("training_args") or {}).get("hub_license") or DEFAULT_LICENSE,
         library_name="peft" if kind == "adapter" else "transformers",
         pipeline_tag="text-generation", model_name=name, eval_results=results or None,
         tags=["hf_zero3", "deepspeed", "zero3", "generated_from_trainer"] + (["lora"] if lora else [])
         + ([f"recipe:{recipe['name']}"] if recipe.get("name") else []))
 
+
+def _intro(kind: str, base_model: str | None, datasets: list[str], local_base: bool, lora: dict) -> str:
+    """What the weights are (fine-tuned from what, on what; an adapter, merged or not) and how to load them."""
     origin = (f"a fine-tuned version of [{base_model}]({HUB}/{base_model})" if base_model
-              else "fine-tuned from a local model" if sources.get("base_model") or lora else "trained from scratch")
+              else "fine-tuned from a local model" if local_base else "trained from scratch")
     on = f" on {', '.join(f'[{d}]({HUB}/datasets/{d})' for d in datasets)}" if datasets else ""
-    intro = (f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer through hf_zero3. "
-             "Load it with `AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
     if kind == "merged":
-        intro = (f"This model is {origin}{on}: a {_lora_text(lora)} trained with DeepSpeed ZeRO-3 and the Hugging "
-                 "Face Trainer through hf_zero3, merged into the base weights. Load it with "
-                 "`AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
-    elif kind == "adapter":
+        return (f"This model is {origin}{on}: a {_lora_text(lora)} trained with DeepSpeed ZeRO-3 and the Hugging "
+                "Face Trainer through hf_zero3, merged into the base weights. Load it with "
+                "`AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+    if kind == "adapter":
         of = f"[{base_model}]({HUB}/{base_model})" if base_model else "a local base model"
         load = base_model or "BASE_MODEL"
-        intro = (f"This is a {_lora_text(lora)} for {of}{on}, trained with DeepSpeed ZeRO-3 and the Hugging Face "
-                 f"Trainer through hf_zero3. Load it with peft: `PeftModel.from_pretrained(AutoModelForCausalLM."
-                 f"from_pretrained(\"{load}\"), \"THIS_REPO\")`, or merge it with `hf-zero3 export --merge`.")
-    lines = [f"# {name}", "", intro, ""]
-    if eval_loss is not None:
-        lines += [f"It achieves the following results on the evaluation set (step {eval_step}):",
-                  f"- Loss: {eval_loss:.4f}", f"- Perplexity: {perplexity(eval_loss):.4f}", ""]
-    lines += ["## Training procedure", ""]
+        return (f"This is a {_lora_text(lora)} for {of}{on}, trained with DeepSpeed ZeRO-3 and the Hugging Face "
+                f"Trainer through hf_zero3. Load it with peft: `PeftModel.from_pretrained(AutoModelForCausalLM."
+                f"from_pretrained(\"{load}\"), \"THIS_REPO\")`, or merge it with `hf-zero3 export --merge`.")
+    return (f"This model is {origin}{on}, with DeepSpeed ZeRO-3 and the Hugging Face Trainer through hf_zero3. "
+            "Load it with `AutoModelForCausalLM.from_pretrained` or `pipeline(\"text-generation\")`.")
+
+
+def _procedure(checkpoint: Path, marker: dict, finished: dict | None, history: list, dtype: str,
+               kind: str) -> list[str]:
+    """The training procedure: recipe, checkpoint, final loss, weights, hyperparameters, hardware, versions."""
+    training, recipe, speed = marker.get("training_args") or {}, marker.get("recipe") or {}, marker.get("throughput") or {}
+    step = finished.get("global_step") if finished else checkpoint_step(checkpoint)
+    loss, loss_step = _last(history, "loss")
+    lines = ["## Training procedure", ""]
     recipe_text = f"`{recipe['name']}` {recipe.get('version') or ''}".strip() if recipe.get("name") else "none (custom)"
     masters = "the fp32 master weights (DeepSpeed zero_to_fp32)"
     weights = {"model": f"- Weights: {dtype}, from {masters}",
@@ -193,4 +210,4 @@ def model_card(checkpoint: str | os.PathLike, dtype: str, license: str | None = 
     lines += ["", "### Framework versions", "", f"- hf_zero3 {marker.get('hf_zero3_version') or __version__}"]
     versions = marker.get("versions") or {}
     lines += [f"- {k} {v}" for k, v in versions.items() if k != "hf_zero3"]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+    return lines

@@ -61,96 +61,26 @@ def add_arguments(verbs) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3.ops.baselines import (
-        BASELINES,
-        TUNED_SET,
-        Search,
-        Tuned,
-        build_slots,
-        expand_against,
-        variants_of,
-    )
     from hf_zero3.ops.bench import run_bench
-    from hf_zero3.plan.hardware import default_ranks
-    from hf_zero3.recipes import RecipeError, get
-    from hf_zero3.run.arguments import load_arguments
-    from hf_zero3.run.facts import RunFacts
+    from hf_zero3.ops.bench_inputs import bench_inputs
 
     try:
-        recipe = get(args.recipe).folder
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    against = [a for a in args.against.split(",") if a]
-    unknown = [a for a in against if a not in (TUNED_SET, *BASELINES)]
-    if unknown:
-        print(f"error: unknown baseline(s) {unknown}: choose from {', '.join((TUNED_SET, *BASELINES))}",
-              file=sys.stderr)
-        return 2
-    gpus = args.gpus or default_ranks()
-    against = expand_against(against, gpus)
-    try:
-        tuned = Tuned.collect(args.tuned)
+        given = bench_inputs(args.recipe, against=args.against, gpus=args.gpus, tuned=args.tuned,
+                             variants=args.variant, only=args.only, overrides=args.overrides,
+                             peak_tflops=args.peak_tflops, label=args.label)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if set(tuned) - set(against):
-        print(f"error: --tuned sets {sorted(set(tuned) - set(against))}, which --against does not run: add them to "
-              "--against", file=sys.stderr)
-        return 2
-    others = {}
-    for item in args.variant:
-        name, _, folder = item.partition("=")
-        if not name or not folder or not (Path(folder) / "train_args.yaml").is_file() or \
-                not (Path(folder) / "ds_config.json").is_file() or name == "ours" or name in BASELINES:
-            print(f"error: --variant {item}: give NAME=FOLDER, a recipe folder (train_args.yaml + ds_config.json) "
-                  "and a name that is not ours or a baseline", file=sys.stderr)
-            return 2
-        others[name] = Path(folder)
-    only = frozenset(a for a in args.only.split(",") if a)
-    extra = [*args.overrides, *(["--peak_tflops", str(args.peak_tflops)] if args.peak_tflops else [])]
-    try:
-        values = load_arguments([str(recipe / "train_args.yaml"), *extra])
-        for folder in others.values():
-            load_arguments([str(folder / "train_args.yaml"), *extra])
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not (values.get("model_name_or_path") or values.get("config_name")):
-        print("error: no model: set model_name_or_path or config_name in the recipe or after --", file=sys.stderr)
-        return 2
-    facts = RunFacts.from_values(values)
-    global_batch = facts.global_batch(gpus)
-    try:
-        slots = build_slots(recipe, against, False, False, global_batch=global_batch, gpus=gpus, others=others,
-                            tuned=tuned)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    names = {"ours", *others, *against, *(v.name for v in variants_of(slots)),
-             *(s.setting for s in slots if isinstance(s, Search))}
-    if only - names:
-        print(f"error: --only {args.only}: {sorted(only - names)} not in this bench: name ours, a --variant, a "
-              f"baseline given with --against, one of its settings or runs ({', '.join(sorted(names))})",
-              file=sys.stderr)
-        return 2
-    label = args.label or recipe.name
-    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3.plan.shapes import load_config_shape
-
-    shape = load_config_shape(values.get("model_name_or_path") or values.get("config_name"),
-                              overrides=values.get("config_overrides"))
-    model = (f"{label}: {shape.params:,} parameters ({shape.layers} layers, hidden {shape.hidden}, ffn {shape.ffn}, "
-             f"{shape.heads} heads / {shape.kv_heads} kv heads, vocab {shape.vocab})")
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit: run_bench's `finally` stops the run in flight
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         report, failed, left = run_bench(
-            recipe, steps=args.steps, warmup=args.warmup, against=against, gpus=gpus, out_dir=Path(args.out),
-            work_dir=Path(args.work_dir), extra=extra, breakdown=args.breakdown, model_label=label, model=model,
-            seq_len=facts.seq_len, global_batch=global_batch, command="hf-zero3 " + " ".join(args.argv),
-            repeats=args.repeats, others=others, resume=args.resume or bool(only), run_timeout=args.run_timeout,
-            suffix=args.suffix, only=only, tuned=tuned, time_budget=args.time_budget)
+            given.recipe, steps=args.steps, warmup=args.warmup, against=given.against, gpus=given.gpus,
+            out_dir=Path(args.out), work_dir=Path(args.work_dir), extra=given.extra, breakdown=args.breakdown,
+            model_label=given.label, model=given.model, seq_len=given.seq_len, global_batch=given.global_batch,
+            command="hf-zero3 " + " ".join(args.argv), repeats=args.repeats, others=given.others,
+            resume=args.resume or bool(given.only), run_timeout=args.run_timeout, suffix=args.suffix,
+            only=given.only, tuned=given.tuned, time_budget=args.time_budget)
     except ValueError as e:  # a scratch folder that is not ours: left untouched
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -70,72 +70,28 @@ def _problems(error: ValueError) -> list[str]:
 def _config_new(args: argparse.Namespace) -> int:
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.config.build import build_ds_config, training_args_overrides
-    from hf_zero3.config.check import load_config
-    from hf_zero3.config.convert import spec_from_ds_config
-    from hf_zero3.config.presets import STANDALONE_CONFIGS, render
-    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.config.presets import render
+    from hf_zero3.config.spec import SETTINGS, ZeroSpec, changed_fields
 
-    notes: list[str] = []
-    if args.like:
-        try:
-            spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
-        except (FileNotFoundError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-            print(f"error: cannot convert {args.like}: {'; '.join(_problems(e))}\nRun `hf-zero3 config check "
-                  f"{args.like}` for every finding with its fix", file=sys.stderr)
-            return 2
-        fields = spec.model_dump(exclude_unset=True)
-    elif args.preset:
-        fields = STANDALONE_CONFIGS[args.preset].model_dump(exclude_unset=True)
-    else:
-        fields = {}
-    for name in ("stage", "precision", "gradient_clipping", "micro_batch_size", "gradient_accumulation_steps",
-                 "global_batch_size", "sub_group_size", "reduce_bucket_size"):
-        if getattr(args, name) is not None:
-            fields[name] = getattr(args, name)
-    for name in ("offload_optimizer", "offload_param"):
-        device = getattr(args, name)
-        if device is not None:
-            fields[name] = {"device": device, **({"nvme_path": args.nvme_path} if device == "nvme" else {})}
-        elif args.nvme_path and fields.get(name, {}).get("device") == "nvme":
-            fields[name] = {**fields[name], "nvme_path": args.nvme_path}
-    for key, value in (("ratio", args.offload_ratio), ("pin_memory", args.pin_memory)):
-        if value is None:
-            continue
-        if fields.get("offload_optimizer", {}).get("device", "none") == "none":
-            flag = "--offload-ratio" if key == "ratio" else "--pin-memory/--no-pin-memory"
-            print(f"error: {flag} sets how the optimizer states are offloaded, but they are not: add "
-                  "--offload-optimizer cpu", file=sys.stderr)
-            return 2
-        fields["offload_optimizer"] = {**fields.get("offload_optimizer", {}), key: value}
-    for flag, name in (("activation_checkpointing", "activation_checkpointing"), ("activation_offload", "activation_offload"),
-                       ("wall_clock_breakdown", "wall_clock_breakdown"),
-                       ("overlap_comm", "overlap_comm"), ("contiguous_gradients", "contiguous_gradients"),
-                       ("gather_16bit_weights", "gather_16bit_weights_on_save")):
-        if getattr(args, flag) is not None:
-            fields[name] = getattr(args, flag)
-    for name in ("offload_optimizer", "offload_param"):
-        if fields.get(name, {}).get("device") == "nvme" and not fields[name].get("nvme_path"):
-            print(f"error: --{name.replace('_', '-')} nvme needs --nvme-path DIR: a directory on a local NVMe mount",
-                  file=sys.stderr)
-            return 2
+    started = _starting_fields(args)
+    if started is None:
+        return 2
+    fields, notes = started
+    flags = {"gather_16bit_weights_on_save": "gather_16bit_weights"}
+    try:
+        fields = changed_fields(fields, {name: getattr(args, flags.get(name, name)) for name in SETTINGS},
+                                {name: getattr(args, name) for name in ("offload_optimizer", "offload_param")},
+                                args.nvme_path, {"ratio": args.offload_ratio, "pin_memory": args.pin_memory})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         spec = ZeroSpec(**fields)
     except ValueError as e:
         print("\n".join(f"error: {line}" for line in _problems(e)), file=sys.stderr)
         return 2
-    text = render(build_ds_config(spec))
-    if args.output:
-        if Path(args.output).exists() and not args.force:
-            print(f"error: {args.output} exists: choose a new path, or pass --force to replace it", file=sys.stderr)
-            return 2
-        try:
-            Path(args.output).write_text(text)
-        except OSError as e:
-            print(f"error: cannot write {args.output}: {e.strerror}: choose a path you can write to", file=sys.stderr)
-            return 2
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    if not _write(args, render(build_ds_config(spec))):
+        return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     overrides = training_args_overrides(spec)
@@ -143,6 +99,43 @@ def _config_new(args: argparse.Namespace) -> int:
         print("pass with TrainingArguments: " + " ".join(f"--{k} {json.dumps(v) if isinstance(v, dict) else v}"
                                                          for k, v in overrides.items()), file=sys.stderr)
     return 0
+
+
+def _starting_fields(args: argparse.Namespace) -> tuple[dict, list[str]] | None:
+    """The fields `config new` starts from (`--like`'s converted, a `--preset`'s, or none) and the conversion's notes;
+    None (the error printed) when `--like` cannot be converted."""
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3.config.check import load_config
+    from hf_zero3.config.convert import spec_from_ds_config
+
+    if args.like:
+        try:
+            spec, notes = spec_from_ds_config(load_config(args.like), world_size=args.world_size)
+        except (FileNotFoundError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            print(f"error: cannot convert {args.like}: {'; '.join(_problems(e))}\nRun `hf-zero3 config check "
+                  f"{args.like}` for every finding with its fix", file=sys.stderr)
+            return None
+        return spec.model_dump(exclude_unset=True), notes
+    if args.preset:
+        return STANDALONE_CONFIGS[args.preset].model_dump(exclude_unset=True), []
+    return {}, []
+
+
+def _write(args: argparse.Namespace, text: str) -> bool:
+    """The config to `-o` (a new file, or `--force`), else stdout; False (the error printed) when it cannot be."""
+    if not args.output:
+        sys.stdout.write(text)
+        return True
+    if Path(args.output).exists() and not args.force:
+        print(f"error: {args.output} exists: choose a new path, or pass --force to replace it", file=sys.stderr)
+        return False
+    try:
+        Path(args.output).write_text(text)
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e.strerror}: choose a path you can write to", file=sys.stderr)
+        return False
+    print(f"wrote {args.output}", file=sys.stderr)
+    return True
 
 
 def _config_check(args: argparse.Namespace) -> int:

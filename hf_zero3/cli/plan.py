@@ -132,10 +132,9 @@ def _adapter(args: argparse.Namespace, shape):
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3.config.presets import render
     from hf_zero3.plan.choose import choose
     from hf_zero3.plan.length import length_json, plan_length, report_lines
-    from hf_zero3.plan.report import plan_json, print_choice, rows, shown_plan, terms_json
+    from hf_zero3.plan.report import answer_json, cost_lines, print_choice
     from hf_zero3.plan.shapes import ModelError
     from hf_zero3.plan.types import PlanError
 
@@ -156,69 +155,50 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if length is not None and length.best is not None:  # sequence parallelism or tiling makes it fit
         choice = length.best.choice
-    if args.write_config and choice.fits:
-        try:
-            Path(args.write_config).write_text(render(choice.ds_config))
-        except OSError as e:
-            print(f"error: cannot write {args.write_config}: {e.strerror}: choose a path you can write to",
-                  file=sys.stderr)
-            return 2
+    if args.write_config and choice.fits and not _write_config(args.write_config, choice):
+        return 2
     if args.json:
-        shown = shown_plan(choice)
-        print(json.dumps({
-            "model": {"name": shape.name, "params": shape.params, "layers": shape.layers, "hidden": shape.hidden,
-                      "ffn": shape.ffn, "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab},
-            "seq_len": seq_len,
-            "hardware": {"nodes": hardware.nodes, "gpus_per_node": hardware.gpus_per_node,
-                         "gpu_mem": hardware.gpu_mem, "host_ram": hardware.host_ram,
-                         "nvme_path": hardware.nvme_path, "nvme_free": hardware.nvme_free,
-                         "profile": args.hardware, "headroom": hardware.headroom,
-                         "detected": list(hardware.detected)},
-            "fits": choice.fits,
-            "liger": liger,
-            "liger_why": liger_why,
-            "speed": choice.speed,
-            "choice": plan_json(choice.plan) if choice.fits else None,
-            "ds_config": choice.ds_config if choice.fits else None,
-            "training_args": choice.training_args if choice.fits else None,
-            "advice": choice.advice,
-            "breakdown_of": plan_json(shown),
-            "breakdown": terms_json(shown),
-            "options": [plan_json(p) for p in rows(choice)],
-            "length": length_json(length),
-        }, indent=2))
+        answer = answer_json(shape, hardware, seq_len, choice, args.hardware, liger, liger_why)
+        print(json.dumps({**answer, "length": length_json(length)}, indent=2))
     else:
         print_choice(shape, hardware, seq_len, choice, liger_why=liger_why)
         for line in report_lines(length, shape, args.precision, args.attention) if length is not None else []:
             print(line)
-        if args.hardware and choice.fits and choice.plan.nvme_bytes:
-            from hf_zero3.plan.profiles import get, nvme_seconds_per_step
-
-            machine = get(args.hardware)
-            print(f"cost      NVMe swap: about {nvme_seconds_per_step(choice.plan.nvme_bytes, machine):,.0f} s per "
-                  f"optimizer step at {machine.name}'s {machine.nvme_read_gbps:g} GB/s read, "
-                  f"{machine.nvme_write_gbps:g} GB/s write (estimates unless measured; raise accumulation to "
-                  "spread it)")
-        offload = choice.plan.spec.offload_optimizer if choice.fits else None
-        if offload and offload.device == "cpu" and not offload.pin_memory:
-            print("cost      host buffers not pinned (the pinned variant does not fit the host RAM): every "
-                  "micro-step copies the offloaded gradients to the host from pageable memory, synchronously, so fewer "
-                  "micro-steps are faster: the largest micro batch the GPU takes (pass --micro-batch), and where the "
-                  "node's RAM allows, "
-                  "pin_memory: true (its row above gives the host RAM it needs)")
+        for line in cost_lines(choice, args.hardware):
+            print(line)
         if choice.fits:
             print(f"ds_config: written to {args.write_config}" if args.write_config else
                   "ds_config: pass --write-config PATH to write it (or --json to see it)")
     if args.plot:
-        from hf_zero3.plan.plot import plot_plan
-
-        title = (f"{shape.name}: {shape.params / 1e9:.2f}B parameters, sequence {seq_len}, {hardware.nodes} node(s) x "
-                 f"{hardware.gpus_per_node} GPUs")
-        if plot_plan(args.plot, rows(choice), title):
-            print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
-        else:
-            print(f"note: no plot written to {args.plot}: matplotlib is not installed (pip install matplotlib)",
-                  file=sys.stderr)
+        _plot(args, shape, hardware, seq_len, choice)
     if args.write_config and not choice.fits:
         print(f"error: nothing fits, so no ds_config was written to {args.write_config}", file=sys.stderr)
     return 0 if choice.fits else 1
+
+
+def _write_config(path: str, choice) -> bool:
+    """Write the chosen ds_config to `path`; False (the error printed) when it cannot be written."""
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3.config.presets import render
+
+    try:
+        Path(path).write_text(render(choice.ds_config))
+    except OSError as e:
+        print(f"error: cannot write {path}: {e.strerror}: choose a path you can write to", file=sys.stderr)
+        return False
+    return True
+
+
+def _plot(args: argparse.Namespace, shape, hardware, seq_len: int, choice) -> None:
+    """`--plot FILE`: each option's terms as stacked bars (a note instead when matplotlib is missing)."""
+    # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3.plan.plot import plot_plan
+    from hf_zero3.plan.report import rows
+
+    title = (f"{shape.name}: {shape.params / 1e9:.2f}B parameters, sequence {seq_len}, {hardware.nodes} node(s) x "
+             f"{hardware.gpus_per_node} GPUs")
+    if plot_plan(args.plot, rows(choice), title):
+        print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    else:
+        print(f"note: no plot written to {args.plot}: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)

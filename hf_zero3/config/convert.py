@@ -50,10 +50,47 @@ def _never(value: Any) -> bool:
 def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -> tuple[ZeroSpec, list[str]]:
     """The spec equivalent to `config`, and notes on what was changed, dropped or added.
 
-    A block of the wrong JSON type (e.g. `"optimizer": "adam"`) is a ValueError naming it."""
+    A block of the wrong JSON type (e.g. `"optimizer": "adam"`) is a ValueError naming it. Each step below reads
+    one part of the config into `fields` and says what it changed in `notes`, in the order the notes are shown."""
     notes: list[str] = []
     fields: dict[str, Any] = {}
-    removed, removed_zero = removed_keys()
+    removed, _ = removed_keys()
+    _zero_fields(config, fields, notes)
+    for key, field in _TOP_FIELDS.items():
+        if key in config:
+            fields[field] = config[key]
+    if "steps_per_print" in config and _never(config["steps_per_print"]):  # DeepSpeed prints when steps % it == 0
+        fields["steps_per_print"] = None
+    fp16 = _precision_fields(config, fields, notes)
+    offloaded = bool(fields.get("offload_optimizer"))
+    _aio_fields(config, fields, notes)
+    _optimizer_notes(config, offloaded, notes)
+    if _block(config, "activation_checkpointing") or isinstance(config.get("activation_checkpointing"), dict):
+        fields["activation_checkpointing"] = True
+        notes.append("replaced the activation_checkpointing block (a no-op for HF models) by TrainingArguments "
+                     "gradient_checkpointing: true")
+        if asks_activation_offload(config):
+            fields["activation_offload"] = True
+            notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
+                         "(hf_zero3/run/activation_offload.py)")
+    if fp16.get("enabled") is True:
+        notes.append("kept fp16 as asked; on A100/H100/H200 prefer bf16 (--precision bf16)")
+    fields.update(_implied_batch(fields, world_size, notes))
+    for key in sorted(set(config) & set(removed)):
+        notes.append(f"dropped '{key}' (DeepSpeed refuses to start with it): {removed[key].strip()}")
+    extra = {k: v for k, v in config.items() if k not in _REBUILT and k in KNOWN_TOP_LEVEL_KEYS}
+    unknown = sorted(k for k in config if k not in _REBUILT and k not in KNOWN_TOP_LEVEL_KEYS and k not in removed)
+    if unknown:
+        notes.append(f"dropped unknown top-level keys (DeepSpeed ignores them): {unknown}")
+    if extra:
+        fields["extra"] = extra
+    return ZeroSpec(**fields), notes
+
+
+def _zero_fields(config: dict[str, Any], fields: dict[str, Any], notes: list[str]) -> None:
+    """The zero_optimization block: its modelled keys, the deprecated gather key, keys DeepSpeed refuses, the
+    offload blocks, and what is left (named in a note)."""
+    _, removed_zero = removed_keys()
     zero = dict(_block(config, "zero_optimization"))
     for key, field in _ZERO_FIELDS.items():
         if key in zero:
@@ -83,11 +120,10 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
                 fields[which].pop("ratio", None)
     if zero:
         notes.append(f"not carried over from zero_optimization (not modelled; re-add by hand): {sorted(zero)}")
-    for key, field in _TOP_FIELDS.items():
-        if key in config:
-            fields[field] = config[key]
-    if "steps_per_print" in config and _never(config["steps_per_print"]):  # DeepSpeed prints when steps % it == 0
-        fields["steps_per_print"] = None
+
+
+def _precision_fields(config: dict[str, Any], fields: dict[str, Any], notes: list[str]) -> dict:
+    """The precision from the fp16 and bf16 blocks, fp16's loss scaling; returns the fp16 block."""
     fp16 = _block(config, "fp16")
     bf16 = _block(config, "bf16") or _block(config, "bfloat16")  # "bfloat16": DeepSpeed's old alias
     fields["precision"] = _precision_of_config(fp16.get("enabled"), bf16.get("enabled"))
@@ -98,7 +134,11 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
         dropped = sorted(set(block) - {"enabled"} - set(carried))
         if dropped:
             notes.append(f"not carried over from {name} (not modelled; re-add by hand): {dropped}")
-    offloaded = bool(fields.get("offload_optimizer"))
+    return fp16
+
+
+def _aio_fields(config: dict[str, Any], fields: dict[str, Any], notes: list[str]) -> None:
+    """The aio block, kept only when something is offloaded to NVMe."""
     nvme = "nvme" in (fields.get(w, {}).get("device") for w in ("offload_optimizer", "offload_param"))
     aio = _block(config, "aio")
     if aio and not nvme:
@@ -110,6 +150,11 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
             notes.append(f"not carried over from aio (not modelled; re-add by hand): {dropped}"
                          + ("; DeepSpeed 0.19 ignores thread_count: use intra_op_parallelism" if "thread_count" in
                             dropped else ""))
+
+
+def _optimizer_notes(config: dict[str, Any], offloaded: bool, notes: list[str]) -> None:
+    """The optimizer block is rebuilt with offload (DeepSpeed's AdamW, 'auto' params) and dropped without: what that
+    changes."""
     optimizer = _block(config, "optimizer")
     params = _block(optimizer, "params", "optimizer.params")
     bridged = {k: v for k, v in params.items() if k in OFFLOADED_OPTIMIZER_BLOCK["params"] and v != "auto"}
@@ -128,26 +173,6 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
     elif "optimizer" in config and not offloaded:
         notes.append(f"dropped the optimizer block ({json.dumps(optimizer)}): without offload the Trainer's --optim "
                      "and its TrainingArguments apply")
-    if _block(config, "activation_checkpointing") or isinstance(config.get("activation_checkpointing"), dict):
-        fields["activation_checkpointing"] = True
-        notes.append("replaced the activation_checkpointing block (a no-op for HF models) by TrainingArguments "
-                     "gradient_checkpointing: true")
-        if asks_activation_offload(config):
-            fields["activation_offload"] = True
-            notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
-                         "(hf_zero3/run/activation_offload.py)")
-    if fp16.get("enabled") is True:
-        notes.append("kept fp16 as asked; on A100/H100/H200 prefer bf16 (--precision bf16)")
-    fields.update(_implied_batch(fields, world_size, notes))
-    for key in sorted(set(config) & set(removed)):
-        notes.append(f"dropped '{key}' (DeepSpeed refuses to start with it): {removed[key].strip()}")
-    extra = {k: v for k, v in config.items() if k not in _REBUILT and k in KNOWN_TOP_LEVEL_KEYS}
-    unknown = sorted(k for k in config if k not in _REBUILT and k not in KNOWN_TOP_LEVEL_KEYS and k not in removed)
-    if unknown:
-        notes.append(f"dropped unknown top-level keys (DeepSpeed ignores them): {unknown}")
-    if extra:
-        fields["extra"] = extra
-    return ZeroSpec(**fields), notes
 
 
 def asks_activation_offload(config: dict | None) -> bool:

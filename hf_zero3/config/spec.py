@@ -199,3 +199,36 @@ class ZeroSpec(Strict):
     @property
     def offloads_to_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer.device, self.offload_param.device)
+
+
+SETTINGS = ("stage", "precision", "gradient_clipping", "micro_batch_size", "gradient_accumulation_steps",
+            "global_batch_size", "sub_group_size", "reduce_bucket_size", "activation_checkpointing",
+            "activation_offload", "wall_clock_breakdown", "overlap_comm", "contiguous_gradients",
+            "gather_16bit_weights_on_save")
+"""The `ZeroSpec` fields `hf-zero3 config new` sets one by one (the offload blocks have their own flags)."""
+
+
+def changed_fields(fields: dict[str, Any], settings: dict[str, Any], offload: dict[str, str | None],
+                   nvme_path: str | None, optimizer: dict[str, Any]) -> dict[str, Any]:
+    """A spec's fields (a starting spec's, dumped) with the changes asked: `settings` (fields of `SETTINGS`, None
+    for unchanged), `offload` (a device for offload_optimizer and offload_param, None for unchanged), an NVMe
+    directory for both, and the optimizer offload's `ratio` and `pin_memory`. ValueError naming the flag to add."""
+    fields = {**fields, **{k: v for k, v in settings.items() if v is not None}}
+    for name, device in offload.items():
+        if device is not None:
+            fields[name] = {"device": device, **({"nvme_path": nvme_path} if device == "nvme" else {})}
+        elif nvme_path and fields.get(name, {}).get("device") == "nvme":
+            fields[name] = {**fields[name], "nvme_path": nvme_path}
+    for key, value in optimizer.items():
+        if value is None:
+            continue
+        if fields.get("offload_optimizer", {}).get("device", "none") == "none":
+            flag = "--offload-ratio" if key == "ratio" else "--pin-memory/--no-pin-memory"
+            raise ValueError(f"{flag} sets how the optimizer states are offloaded, but they are not: add "
+                             "--offload-optimizer cpu")
+        fields["offload_optimizer"] = {**fields.get("offload_optimizer", {}), key: value}
+    for name in ("offload_optimizer", "offload_param"):
+        if fields.get(name, {}).get("device") == "nvme" and not fields[name].get("nvme_path"):
+            raise ValueError(f"--{name.replace('_', '-')} nvme needs --nvme-path DIR: a directory on a local NVMe "
+                             "mount")
+    return fields

@@ -295,72 +295,99 @@ def run_bench(recipe_dir: Path, *, steps: int, warmup: int, against: list[str], 
             "steps": steps, "warmup": warmup, "repeats": repeats, "command": command, "commands": state["commands"],
             "configs": {}, "baselines": {}}
     report = out_dir / f"{model_label}_{short_hw}_{date}{'_' + suffix if suffix else ''}.md"
-    names = [v.name for v in variants_of(slots)]
-    started, longest, left, count = time.time(), 0.0, 0, 0
-    position = {"at": 0, "extra": 0}  # where in the grid of repeats x configs (plus a search's further attempts)
 
-    def first_runs(search: Search) -> dict[str, dict]:
-        return {v.name: state["runs"][v.name]["1"]["summary"] for v in search.candidates
-                if "1" in state["runs"].get(v.name, {})}
+    def run(variant: Variant, repeat: int, label: str) -> dict:
+        return _run_variant(variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
+                            label)
 
-    def one(variant: Variant, repeat: int) -> None:
-        nonlocal longest, left, count
-        if str(repeat) in state["runs"].get(variant.name, {}):
-            return
-        if time_budget and count and time.time() - started + expected_seconds(state, variant.name, longest) > \
-                time_budget:
-            left += 1
-            return
-        count += 1
-        began = time.time()
-        record = _run_variant(variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout,
-                              f"[{position['at']}/{repeats * len(slots) + position['extra']}] {variant.name} run "
-                              f"{repeat}")
-        record["seconds"] = round(time.time() - began, 1)
-        state["runs"].setdefault(variant.name, {})[str(repeat)] = record
-        longest = max(longest, record["seconds"])
-        state_path.write_text(json.dumps(state, indent=1))
-        _write_state_outputs(report, meta, state, names, slots)
-
+    runs = _Runs(state, state_path, report, meta, slots, repeats, time_budget, run)
     for repeat in range(1, repeats + 1):
         for slot in slots:
-            position["at"] += 1
-            if not selected(slot, only):
+            runs.slot(slot, repeat, only)
+    _write_state_outputs(report, meta, state, runs.names, slots)
+    return report, failed_configs(state, slots), runs.left
+
+
+class _Runs:
+    """One call's runs in order: each skipped when recorded, or left when the time budget would be passed; each
+    recorded, with the report rewritten, as it ends. `at` and `extra`: where in the grid of repeats x configs (plus a
+    search's further attempts), for the progress line."""
+
+    def __init__(self, state: dict, state_path: Path, report: Path, meta: dict, slots: list, repeats: int,
+                 time_budget: float, run):
+        self.state, self.state_path, self.report, self.meta, self.slots = state, state_path, report, meta, slots
+        self.names = [v.name for v in variants_of(slots)]
+        self.repeats, self.time_budget, self.run = repeats, time_budget, run
+        self.started, self.longest, self.left, self.count = time.time(), 0.0, 0, 0
+        self.at, self.extra = 0, 0
+
+    def slot(self, slot: Variant | Search, repeat: int, only: frozenset[str]) -> None:
+        """One config of the grid: a variant's run, the runs `--only` names of a search, or the search."""
+        self.at += 1
+        if not selected(slot, only):
+            return
+        if isinstance(slot, Variant):
+            self.one(slot, repeat)
+            return
+        named = [v for v in slot.candidates if v.name in only]
+        if named:  # `--only` named runs of this search: those, no search
+            for variant in named:
+                self.one(variant, repeat)
+            return
+        self.search(slot, repeat)
+
+    def search(self, slot: Search, repeat: int) -> None:
+        """A tuned setting's micro batch searched in the first round; later rounds run the micro batch it found."""
+        tried = 0
+        while True:
+            first_runs = {v.name: self.state["runs"][v.name]["1"]["summary"] for v in slot.candidates
+                          if "1" in self.state["runs"].get(v.name, {})}
+            where, variant = search_state(slot, first_runs)
+            if where == "next" and repeat == 1:
+                if tried:  # the search goes on: one more run than the grid counts
+                    self.at += 1
+                    self.extra += 1
+                tried += 1
+                before = self.left
+                self.one(variant, 1)
+                if self.left > before:  # out of time: the search goes on in the next call
+                    return
                 continue
-            if isinstance(slot, Variant):
-                one(slot, repeat)
-                continue
-            named = [v for v in slot.candidates if v.name in only]
-            if named:  # `--only` named runs of this search: those, no search
-                for variant in named:
-                    one(variant, repeat)
-                continue
-            tried = 0
-            while True:
-                where, variant = search_state(slot, first_runs(slot))
-                if where == "next" and repeat == 1:
-                    if tried:  # the search goes on: one more run than the grid counts
-                        position["at"] += 1
-                        position["extra"] += 1
-                    tried += 1
-                    before = left
-                    one(variant, 1)
-                    if left > before:  # out of time: the search goes on in the next call
-                        break
-                    continue
-                if where == "found":
-                    one(variant, repeat)
-                elif where == "next":  # a later round before this call's search: it waits for the first round
-                    left += 1
-                break
-    _write_state_outputs(report, meta, state, names, slots)
+            if where == "found":
+                self.one(variant, repeat)
+            elif where == "next":  # a later round before this call's search: it waits for the first round
+                self.left += 1
+            return
+
+    def one(self, variant: Variant, repeat: int) -> None:
+        """One run, unless recorded already or out of time; recorded in the state and the report."""
+        state = self.state
+        if str(repeat) in state["runs"].get(variant.name, {}):
+            return
+        if self.time_budget and self.count and time.time() - self.started + \
+                expected_seconds(state, variant.name, self.longest) > self.time_budget:
+            self.left += 1
+            return
+        self.count += 1
+        began = time.time()
+        record = self.run(variant, repeat, f"[{self.at}/{self.repeats * len(self.slots) + self.extra}] "
+                                           f"{variant.name} run {repeat}")
+        record["seconds"] = round(time.time() - began, 1)
+        state["runs"].setdefault(variant.name, {})[str(repeat)] = record
+        self.longest = max(self.longest, record["seconds"])
+        self.state_path.write_text(json.dumps(state, indent=1))
+        _write_state_outputs(self.report, self.meta, state, self.names, self.slots)
+
+
+def failed_configs(state: dict, slots: list) -> dict[str, str]:
+    """The configs whose last run failed (name -> error), a search's out-of-memory runs excepted."""
     searched = {v.name for v in variants_of(slots) if v.setting}
     failed = {}
     for name, runs in state["runs"].items():
         last = runs[max(runs, key=int)]["summary"] if runs else {}
         if "error" in last and not (name in searched and last.get("out_of_memory")):
             failed[name] = last["error"]
-    return report, failed, left
+    return failed
 
 
 def expected_seconds(state: dict, name: str, longest: float) -> float:

@@ -282,53 +282,76 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]], la
     ran = {n: s for n, s in summaries.items() if measured(s)}
     first = next(iter(ran.values()), next(iter(summaries.values())))
     on_gpu = any(s.get("gpu_peak_allocated_gib") for s in ran.values())
-    ref, base = ran.get(REFERENCE), records.get(REFERENCE, [])
-    mem_key = "gpu_peak_allocated_gib" if on_gpu else "host_rss_gib"
     label = label or first.get("label", "compare")
-    lines = [f"# Seed claims measured: {label} on {first.get('hardware_short', '?')} "
-             f"({first.get('date', '?')})", "",
-             f"Hardware: {first.get('hardware', '?')}  ",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in (first.get("versions") or {}).items()) + "  ",
-             f"Model: {first.get('model', '?')}; initial weights sha256 {str(first.get('init_sha256', '?'))[:16]}… "
-             "(the same file for every rung)  ",
-             f"Data: {first.get('data', '?')}; sequence length {first.get('seq_len')}; global batch "
-             f"{first.get('global_batch')} sequences; {first.get('steps')} steps; seed {first.get('seed')}  ",
-             "Memory: " + ("peak GPU memory per rank (max over ranks), torch allocator" if on_gpu else
-                           "**CPU run: no GPU memory exists; the figure is the peak host RSS per rank (max over "
-                           "ranks)**, which says nothing about VRAM") + ".", "",
-             "| rung | peak alloc GiB | peak reserved GiB | host RSS GiB | vs DDP memory | tokens/s/GPU | vs DDP "
-             "speed | max abs Δloss | final abs Δloss | last-10% mean abs Δloss | DDP seed spread, same steps "
-             "(last-10% mean) | held-out loss | held-out ppl |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = _report_header(first, label, on_gpu)
     seed2 = records.get("ddp_seed2", []) if "ddp_seed2" in ran else []
     for name, s in summaries.items():
-        if "skipped" in s:
-            lines.append(f"| {name} | skipped: {s['skipped']} | | | | | | | | | | | |")
-            continue
-        if not measured(s):
-            lines.append(f"| {name} | failed: {s['error']} | | | | | | | | | | | |")
-            continue
-        mem = (f"{100 * (s[mem_key] / ref[mem_key] - 1):+.0f}%" if ref and s.get(mem_key) and ref.get(mem_key)
-               else "—")
-        speed = (f"{s['tokens_per_s_per_gpu'] / ref['tokens_per_s_per_gpu']:.2f}x" if ref and s.get(
-            "tokens_per_s_per_gpu") and ref.get("tokens_per_s_per_gpu") else "—")
-        dev = deviation(records[name], base) if name != REFERENCE and base else None
-        own_steps = {r["step"] for r in records[name] if "loss" in r}
-        spread = deviation(_within(seed2, own_steps), base) if seed2 and name not in (REFERENCE, "ddp_seed2") else None
-        schedule = s.get("schedule_steps") or _max_steps(s.get("command", ""))
-        shown = name if s.get("steps") == first.get("steps") else f"{name} ({s.get('steps')} steps: Δloss over those)"
-        if s.get("steps") and schedule and s["steps"] < schedule:
-            how = f", then {s['error'].split(':')[0]}" if "error" in s else ""
-            shown = f"{name} (first {s['steps']} of the {schedule}-step schedule{how}: Δloss over those)"
-        lines.append(f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gib'))} | {_fmt(s.get('gpu_peak_reserved_gib'))} | "
-                     f"{_fmt(s.get('host_rss_gib'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
-                     f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
-                     f"{_sci(dev and dev['tail_mean'])} | {_sci(spread and spread['tail_mean'])} | "
-                     f"{_fmt(s.get('eval_loss'), 4)} | "
-                     f"{_fmt(s.get('eval_perplexity'), 3)} |")
-    lines += ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed). "
-              "DDP seed spread: ddp_seed2's (DDP, another data-loader seed) over the rung's own steps. exit 124: the "
-              "rung was stopped by --run-timeout; its figures cover the steps it logged."]
+        lines.append(_rung_row(name, s, first, ran.get(REFERENCE), records, seed2, on_gpu))
+    lines += _report_notes(ran, records, first)
+    lines += ["", f"![loss curves and memory per rung]({label}.png)", "",
+              "## Commands and resolved ds_configs", ""]
+    for name, s in ran.items():
+        lines += [f"### {name}", "", "```", s.get("command", "?"), "```", ""]
+        if s.get("ds_config"):
+            lines += ["```json", json.dumps(s["ds_config"], indent=1), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _report_header(first: dict, label: str, on_gpu: bool) -> list[str]:
+    """The title, hardware, versions, model, data and memory's meaning, and the table's heading."""
+    return [f"# Seed claims measured: {label} on {first.get('hardware_short', '?')} "
+            f"({first.get('date', '?')})", "",
+            f"Hardware: {first.get('hardware', '?')}  ",
+            "Versions: " + ", ".join(f"{k} {v}" for k, v in (first.get("versions") or {}).items()) + "  ",
+            f"Model: {first.get('model', '?')}; initial weights sha256 {str(first.get('init_sha256', '?'))[:16]}… "
+            "(the same file for every rung)  ",
+            f"Data: {first.get('data', '?')}; sequence length {first.get('seq_len')}; global batch "
+            f"{first.get('global_batch')} sequences; {first.get('steps')} steps; seed {first.get('seed')}  ",
+            "Memory: " + ("peak GPU memory per rank (max over ranks), torch allocator" if on_gpu else
+                          "**CPU run: no GPU memory exists; the figure is the peak host RSS per rank (max over "
+                          "ranks)**, which says nothing about VRAM") + ".", "",
+            "| rung | peak alloc GiB | peak reserved GiB | host RSS GiB | vs DDP memory | tokens/s/GPU | vs DDP "
+            "speed | max abs Δloss | final abs Δloss | last-10% mean abs Δloss | DDP seed spread, same steps "
+            "(last-10% mean) | held-out loss | held-out ppl |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _rung_row(name: str, s: dict, first: dict, ref: dict | None, records: dict[str, list[dict]],
+              seed2: list[dict], on_gpu: bool) -> str:
+    """One rung's row: skipped or failed, else its memory and speed against DDP (`ref`), its loss deviation from
+    DDP's and the seed spread over its own steps."""
+    if "skipped" in s:
+        return f"| {name} | skipped: {s['skipped']} | | | | | | | | | | | |"
+    if not measured(s):
+        return f"| {name} | failed: {s['error']} | | | | | | | | | | | |"
+    base = records.get(REFERENCE, [])
+    mem_key = "gpu_peak_allocated_gib" if on_gpu else "host_rss_gib"
+    mem = (f"{100 * (s[mem_key] / ref[mem_key] - 1):+.0f}%" if ref and s.get(mem_key) and ref.get(mem_key)
+           else "—")
+    speed = (f"{s['tokens_per_s_per_gpu'] / ref['tokens_per_s_per_gpu']:.2f}x" if ref and s.get(
+        "tokens_per_s_per_gpu") and ref.get("tokens_per_s_per_gpu") else "—")
+    dev = deviation(records[name], base) if name != REFERENCE and base else None
+    own_steps = {r["step"] for r in records[name] if "loss" in r}
+    spread = deviation(_within(seed2, own_steps), base) if seed2 and name not in (REFERENCE, "ddp_seed2") else None
+    schedule = s.get("schedule_steps") or _max_steps(s.get("command", ""))
+    shown = name if s.get("steps") == first.get("steps") else f"{name} ({s.get('steps')} steps: Δloss over those)"
+    if s.get("steps") and schedule and s["steps"] < schedule:
+        how = f", then {s['error'].split(':')[0]}" if "error" in s else ""
+        shown = f"{name} (first {s['steps']} of the {schedule}-step schedule{how}: Δloss over those)"
+    return (f"| {shown} | {_fmt(s.get('gpu_peak_allocated_gib'))} | {_fmt(s.get('gpu_peak_reserved_gib'))} | "
+            f"{_fmt(s.get('host_rss_gib'))} | {mem} | {_fmt(s.get('tokens_per_s_per_gpu'), 0)} | {speed} | "
+            f"{_sci(dev and dev['max'])} | {_sci(dev and dev['final'])} | "
+            f"{_sci(dev and dev['tail_mean'])} | {_sci(spread and spread['tail_mean'])} | "
+            f"{_fmt(s.get('eval_loss'), 4)} | "
+            f"{_fmt(s.get('eval_perplexity'), 3)} |")
+
+
+def _report_notes(ran: dict[str, dict], records: dict[str, list[dict]], first: dict) -> list[str]:
+    """Under the table: what Δloss means, the rungs against zero3, mismatched weights, precision, DDP's spread."""
+    base = records.get(REFERENCE, [])
+    lines = ["", "Δloss: the rung's training loss minus DDP's at the same step (same weights, data, batch, seed). "
+             "DDP seed spread: ddp_seed2's (DDP, another data-loader seed) over the rung's own steps. exit 124: the "
+             "rung was stopped by --run-timeout; its figures cover the steps it logged."]
     zero3 = records.get("zero3", []) if "zero3" in ran else []
     against = {n: deviation(records[n], zero3) for n in ran if n.startswith("zero3_") and zero3}
     if against := {n: d for n, d in against.items() if d}:
@@ -349,13 +372,7 @@ def render_report(summaries: dict[str, dict], records: dict[str, list[dict]], la
         lines += [f"DDP spread (ddp_seed2: DDP with another data-loader seed): max {_sci(spread['max'])}, "
                   f"final {_sci(spread['final'])}, last-10% mean {_sci(spread['tail_mean'])}. A ZeRO rung "
                   "within this spread converges like DDP as far as this run can tell."]
-    lines += ["", f"![loss curves and memory per rung]({label}.png)", "",
-              "## Commands and resolved ds_configs", ""]
-    for name, s in ran.items():
-        lines += [f"### {name}", "", "```", s.get("command", "?"), "```", ""]
-        if s.get("ds_config"):
-            lines += ["```json", json.dumps(s["ds_config"], indent=1), "```", ""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(path: Path, summaries: dict[str, dict], records: dict[str, list[dict]]) -> bool:

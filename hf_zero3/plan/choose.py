@@ -16,7 +16,8 @@ from hf_zero3.config import batch
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import EVERY_PARAMETER, ZeroSpec
-from hf_zero3.plan.memory import gathers_are_views, gpu_kept_optimizer_elements, plan, rank_partitions
+from hf_zero3.plan.memory import gathers_are_views, plan
+from hf_zero3.plan.partitions import gpu_kept_optimizer_elements, rank_partitions
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.speed import faster_measured, fastest
 from hf_zero3.plan.types import Adapter, Attention, Hardware, Plan, PlanError, Training

@@ -8,12 +8,18 @@ DeepSpeed's estimator: docs/planner.md.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 from hf_zero3.config.spec import ZeroSpec
 from hf_zero3.plan.lora import linear_layers
+from hf_zero3.plan.partitions import (
+    gpu_kept_optimizer_elements,
+    pinned_blocks,
+    rank_partitions,
+    round_up_to_power_of_2,
+    sub_groups,
+)
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.types import Hardware, Plan, Term, Training
 from hf_zero3.units import GB, gb
@@ -137,270 +143,288 @@ def _offload_activations(terms: list[Term], tokens: int, per_token: int, grad_ac
             "batches per step), overlapped with compute on side streams")
 
 
-def gpu_kept_optimizer_elements(spec: ZeroSpec, state_n: int,
-                                 partitions: list[int] | None = None) -> tuple[int, int, int]:
-    """Partial offload (`offload_optimizer.ratio` < 1): elements per rank whose fp32 states stay on the GPU, the
-    rank's sub-groups, and how many of them stay. DeepSpeed 0.19 keeps sub-group i on the GPU when
-    i < int((1 - ratio) x sub-groups), so the split moves in whole sub-groups: one sub-group keeps nothing."""
-    opt = spec.offload_optimizer
-    if spec.stage != 3 or opt.device != "cpu" or opt.ratio >= 1:
-        return 0, 1, 0
-    sizes = sub_groups(spec, state_n, partitions)
-    kept_groups = int((1 - opt.ratio) * len(sizes))
-    return sum(sizes[:kept_groups]), len(sizes), kept_groups
+class Breakdown:
+    """One configuration's terms as `plan` adds them, group by group, and the sizes every group reads: `b` bytes per
+    16-bit (or fp32) element, `P` the model's parameters, `T` those that train (a LoRA adapter's, on top of the
+    frozen base), `W` ranks, `g` GPUs per node, and each state's elements per rank."""
+
+    def __init__(self, shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec):
+        self.shape, self.hardware, self.training, self.spec = shape, hardware, training, spec
+        self.b, self.P, self.H = element_bytes(spec.precision), shape.params, shape.hidden
+        self.W, self.g = hardware.world_size, hardware.gpus_per_node
+        self.stage, self.opt = spec.stage, spec.offload_optimizer.device
+        self.prm = spec.offload_param.device if self.stage == 3 else "none"
+        self.lora = training.trainable is not None
+        self.T = training.trainable if self.lora else self.P
+        self.held = self.P + self.T if self.lora else self.P
+        self.part, self.tpart = math.ceil(self.held / self.W), math.ceil(self.T / self.W)
+        self.param_n = self.part if self.stage == 3 else self.held
+        self.grad_n = self.tpart if self.stage >= 2 else self.T
+        self.state_n = self.tpart if self.stage >= 1 else self.T
+        self.terms: list[Term] = []
+        self.notes: list[str] = []
+        if self.lora:
+            self.notes.append(f"LoRA: {_count(self.T)} adapter parameters train, the {_count(self.P)} of the base are "
+                              "frozen (their 16-bit partitions only: no gradients, fp32 master or optimizer states)")
+
+    def shard(self, n: int, of: int | None = None) -> str:
+        """How `n` elements per rank come from `of` (default: the parameters every rank holds a share of)."""
+        of = self.held if of is None else of
+        return f"{_count(of)} / {self.W} GPUs" if n == math.ceil(of / self.W) else f"{_count(of)} (whole model on every GPU)"
+
+    def add(self, where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True,
+            phase: str = "always") -> None:
+        """A term given per rank: host and NVMe terms are counted per node (x GPUs per node)."""
+        if where in ("host", "nvme"):
+            per_rank, formula, phase = per_rank * self.g, f"({formula}) x {self.g} GPUs/node", "always"
+        self.terms.append(Term(name, where, int(per_rank), formula, kind, allocator, phase))
 
 
-def rank_partitions(shape: ModelShape, world: int) -> list[int]:
-    """Each parameter's elements on one rank, in the model's order: ZeRO-3 pads every tensor to a multiple of the
-    world size (`partition_numel`)."""
-    return [math.ceil(n / world) for n in shape.parameter_order()]
-
-
-def sub_groups(spec: ZeroSpec, state_n: int, partitions: list[int] | None = None) -> list[int]:
-    """Elements of each optimizer sub-group of a rank. DeepSpeed (`_create_fp16_sub_groups`) walks the parameters in
-    order and closes a sub-group at the first one that takes it to >= sub_group_size, so a model of large tensors (a
-    mixture of experts' fused experts) makes fewer, larger groups. With the rank's `partitions` in order that walk is
-    repeated exactly; without (a LoRA adapter), groups are taken as full, a remainder of 5% or more as a group of its
-    own (the 8b probe: 4.015B elements per rank made 4 groups, measured through their pinned blocks)."""
-    if partitions is not None:
-        if spec.sub_group_size >= sum(partitions):
-            return [sum(partitions)]
-        groups, size = [], 0
-        for n in partitions:
-            size += n
-            if size >= spec.sub_group_size:
-                groups.append(size)
-                size = 0
-        return groups + ([size] if size else [])
-    full, rest = divmod(state_n, spec.sub_group_size)
-    if full == 0:
-        return [state_n]
-    if rest < 0.05 * spec.sub_group_size:
-        return [state_n // full] * (full - 1) + [state_n - (state_n // full) * (full - 1)]
-    return [spec.sub_group_size] * full + [rest]
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def pinned_blocks(spec: ZeroSpec, grad_bytes: int, state_n: int, kept: int,
-                  partitions: list[int] | None = None) -> list[int]:
-    """Bytes of each pinned host block ZeRO-3 with optimizer offload allocates per rank (DeepSpeed 0.19 stage3.py):
-    the flat 16-bit gradient partition; with device "cpu" one fp32 gradient buffer per CPU sub-group, and one more
-    block of a sub-group's size if some sub-groups stay on the GPU (their pinned staging copy, freed into torch's
-    cache and kept there). With "nvme" only the gradient partition: the optimizer's swap buffers are page-locked by
-    DeepSpeed's aio handle (`new_cpu_locked_tensor`: posix_memalign + mlock, swap_tensor/utils.py), not by torch's
-    caching host allocator, so they are not rounded (measured, 70B width on 2 x H200: torch's pinned peak 4.0 GiB per
-    rank = the 2.2 GB gradient partition rounded; benchmarks study nvme-offload-70b-width)."""
-    if spec.offload_optimizer.device == "nvme":
-        return [grad_bytes]
-    sizes = sub_groups(spec, state_n, partitions)
-    kept_groups = len([None for total in itertools.accumulate(sizes) if total <= kept]) if kept else 0
-    return [grad_bytes] + [4 * n for n in sizes[kept_groups:]] + ([4 * max(sizes)] if kept else [])
+PLACE = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
+"""Where an offload device puts what it holds."""
 
 
 def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec) -> Plan:
-    """Memory needed by one configuration: per GPU, per node of host RAM, per node of NVMe."""
-    b, P, H = element_bytes(spec.precision), shape.params, shape.hidden
-    W, g = hardware.world_size, hardware.gpus_per_node
-    stage, opt = spec.stage, spec.offload_optimizer.device
-    prm = spec.offload_param.device if stage == 3 else "none"
-    lora = training.trainable is not None
-    T = training.trainable if lora else P  # what trains: LoRA's adapter, on top of the frozen base
-    held = P + T if lora else P
-    part, tpart = math.ceil(held / W), math.ceil(T / W)
-    param_n, grad_n, state_n = (part if stage == 3 else held), (tpart if stage >= 2 else T), (tpart if stage >= 1 else T)
-    shard = lambda n, of=held: (f"{_count(of)} / {W} GPUs" if n == math.ceil(of / W)  # noqa: E731
-                                else f"{_count(of)} (whole model on every GPU)")
-    terms: list[Term] = []
-    notes: list[str] = [f"LoRA: {_count(T)} adapter parameters train, the {_count(P)} of the base are frozen (their "
-                        "16-bit partitions only: no gradients, fp32 master or optimizer states)"] if lora else []
+    """Memory needed by one configuration: per GPU, per node of host RAM, per node of NVMe. Each group of terms is
+    one function below, called in the order the breakdown lists them."""
+    x = Breakdown(shape, hardware, training, spec)
+    partitions = None if x.lora else rank_partitions(shape, x.W)  # the adapter's order is peft's
+    kept = model_state_terms(x, partitions)
+    offload_buffer_terms(x, partitions, kept)
+    gather_terms(x)
+    activation_terms(x)
+    gpu_overhead_terms(x)
+    host_terms(x)
+    if spec.precision == "auto":
+        x.notes.append('precision "auto" is planned as bf16')
+    if training.seq_len > shape.max_positions:
+        x.notes.append(f"seq_len {training.seq_len} exceeds the model's max positions ({shape.max_positions})")
+    return Plan(shape, hardware, training, spec, tuple(x.terms), tuple(x.notes))
 
-    def add(where: str, name: str, per_rank: float, formula: str, kind: str = "state", allocator: bool = True,
-            phase: str = "always"):
-        if where in ("host", "nvme"):
-            per_rank, formula, phase = per_rank * g, f"({formula}) x {g} GPUs/node", "always"
-        terms.append(Term(name, where, int(per_rank), formula, kind, allocator, phase))
 
-    place = {"none": "gpu", "cpu": "host", "nvme": "nvme"}
-    # Model states (DeepSpeed 0.19: 16-bit params and gradients, fp32 master weights, Adam m and v, fp32 grads).
-    add(place[prm], f"parameters, {8 * b}-bit", b * param_n, f"{b} B x {shard(param_n)}")
+def model_state_terms(x: Breakdown, partitions: list[int] | None) -> int:
+    """DeepSpeed 0.19's model states: 16-bit parameters and gradients, fp32 master weights, Adam m and v, fp32
+    gradients, and the step's flattened copies. Returns the optimizer elements kept on the GPU (partial offload)."""
+    b, T, spec, stage, opt = x.b, x.T, x.spec, x.stage, x.opt
+    x.add(PLACE[x.prm], f"parameters, {8 * b}-bit", b * x.param_n, f"{b} B x {x.shard(x.param_n)}")
     if stage == 3 or opt == "none":  # stage 1/2 offload accumulates grads straight into fp32 host buffers
-        add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * grad_n, f"{b} B x {shard(grad_n, T)}")
-    partitions = None if lora else rank_partitions(shape, W)  # the adapter's order is peft's
+        x.add("host" if opt != "none" else "gpu", f"gradients, {8 * b}-bit", b * x.grad_n,
+              f"{b} B x {x.shard(x.grad_n, T)}")
+    state_n = x.state_n
     kept, groups, kept_groups = gpu_kept_optimizer_elements(spec, state_n, partitions)
     sizes = sub_groups(spec, state_n, partitions)
     if kept:  # partial offload: the first sub-groups keep their fp32 states and gradients on the GPU
-        share = (f"{kept_groups} of {groups} sub-groups of {shard(state_n, T)} (ratio {spec.offload_optimizer.ratio:g}: "
-                 f"int((1 - ratio) x {groups}) stay)")
-        add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
-        add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
+        share = (f"{kept_groups} of {groups} sub-groups of {x.shard(state_n, T)} (ratio "
+                 f"{spec.offload_optimizer.ratio:g}: int((1 - ratio) x {groups}) stay)")
+        x.add("gpu", "fp32 master weights + Adam m, v (partial offload)", 12 * kept, f"(4 + 8) B x {share}")
+        x.add("gpu", "fp32 gradients (partial offload)", 4 * kept, f"4 B x {share}: held from the first step")
         step_tmp = max(sizes[:kept_groups])
-        add("gpu", "torch AdamW temporaries (GPU sub-groups)", 4 * step_tmp,
-            f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
-            phase="step")
+        x.add("gpu", "torch AdamW temporaries (GPU sub-groups)", 4 * step_tmp,
+              f"4 B x one sub-group {_count(step_tmp)} (foreach AdamW's sqrt(v) copy; estimate)", "buffer",
+              phase="step")
     rest = f" less the {_count(kept)} on the GPU" if kept else ""
-    add(place[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept), f"(4 + 8) B x {shard(state_n, T)}{rest}")
+    x.add(PLACE[opt], "fp32 master weights + Adam m, v", 12 * (state_n - kept),
+          f"(4 + 8) B x {x.shard(state_n, T)}{rest}")
     sub_group = max(sizes) if stage == 3 and opt == "none" else state_n - kept
-    add(place[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
-        4 * sub_group, f"4 B x {shard(state_n, T)}{rest}" if sub_group == state_n - kept
-        else f"4 B x the largest sub-group, {_count(sub_group)}", phase="step")
+    x.add(PLACE[opt], "fp32 gradients" + (" (one sub-group)" if sub_group < state_n and not kept else ""),
+          4 * sub_group, f"4 B x {x.shard(state_n, T)}{rest}" if sub_group == state_n - kept
+          else f"4 B x the largest sub-group, {_count(sub_group)}", phase="step")
     if stage == 3 and opt == "none":  # stage3 _prepare_fp32_grad_for_sub_group: flatten(16-bit grads).to(fp32)
-        add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
-            f"{b} B x {_count(sub_group)}", "buffer", phase="step")
+        x.add("gpu", f"gradients, {8 * b}-bit, one sub-group flattened for the step", b * sub_group,
+              f"{b} B x {_count(sub_group)}", "buffer", phase="step")
     if stage < 3 and opt == "none":  # stage_1_and_2.step: flatten the 16-bit partition, then cast that to fp32
-        add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {shard(state_n, T)}",
-            "buffer", phase="step")
-    if stage == 2 and opt == "none" and W > 1:
-        add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * grad_n,
-            f"{b} B x {shard(grad_n, T)}: measured, DeepSpeed 0.19.8", "buffer",
-            phase="backward")
+        x.add("gpu", f"gradients, {8 * b}-bit, flattened for the step", b * state_n, f"{b} B x {x.shard(state_n, T)}",
+              "buffer", phase="step")
+    if stage == 2 and opt == "none" and x.W > 1:
+        x.add("gpu", f"gradients, {8 * b}-bit, second partition (last rank)", b * x.grad_n,
+              f"{b} B x {x.shard(x.grad_n, T)}: measured, DeepSpeed 0.19.8", "buffer", phase="backward")
+    return kept
+
+
+def offload_buffer_terms(x: Breakdown, partitions: list[int] | None, kept: int) -> None:
+    """Offload's host buffers: NVMe swap buffers, the pinned blocks' rounding, the parameters' defragmentation copy."""
+    b, spec, opt, prm = x.b, x.spec, x.opt, x.prm
     if opt == "nvme":
-        swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, state_n)
-        add("host", "optimizer NVMe swap buffers (pinned)", swap,
-            f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W), page-locked by aio "
-            "(not rounded)", "buffer")
-    if stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
-        blocks = pinned_blocks(spec, b * grad_n, state_n, kept, partitions)
-        add("host", "pinned buffers rounded up to powers of 2", sum(_pow2(x) - x for x in blocks),
-            f"torch's caching host allocator rounds each pinned block up to a power of 2: {len(blocks)} block(s), "
-            f"largest {gb(max(blocks))} -> {gb(_pow2(max(blocks)))} (measured: 24.0 GiB pinned per rank for 22.4)",
-            "buffer")
+        swap = spec.offload_optimizer.buffer_count * 4 * min(spec.sub_group_size, x.state_n)
+        x.add("host", "optimizer NVMe swap buffers (pinned)", swap,
+              f"{spec.offload_optimizer.buffer_count} buffers x 4 B x min(sub_group_size, P/W), page-locked by aio "
+              "(not rounded)", "buffer")
+    if x.stage == 3 and opt != "none" and spec.offload_optimizer.pin_memory:
+        blocks = pinned_blocks(spec, b * x.grad_n, x.state_n, kept, partitions)
+        x.add("host", "pinned buffers rounded up to powers of 2", sum(round_up_to_power_of_2(n) - n for n in blocks),
+              f"torch's caching host allocator rounds each pinned block up to a power of 2: {len(blocks)} block(s), "
+              f"largest {gb(max(blocks))} -> {gb(round_up_to_power_of_2(max(blocks)))} (measured: 24.0 GiB pinned per rank for 22.4)",
+              "buffer")
     if prm == "cpu":
-        add("host", f"parameters, {8 * b}-bit, defragmentation copy", b * param_n,
-            f"{b} B x {shard(param_n)}: made once at start; the pinned cache keeps it (measured)", "buffer")
+        x.add("host", f"parameters, {8 * b}-bit, defragmentation copy", b * x.param_n,
+              f"{b} B x {x.shard(x.param_n)}: made once at start; the pinned cache keeps it (measured)", "buffer")
     if prm == "nvme":
         count, size = spec.offload_param.buffer_count, spec.offload_param.buffer_size
-        add("host", "param NVMe swap buffers (pinned)", count * size * b, f"{count} x {_count(size)} x {b} B",
-            "buffer")
-    # Buffers: ZeRO-3 gathers parameters module by module; gradients are reduced through a bucket.
-    if gathers_are_views(spec, hardware):
-        notes.append("one GPU: ZeRO-3's gathers are views of the parameters' partition, no gather buffers"
-                     + (" (every parameter persists: no per-module fetch)"
-                        if persists_every_parameter(spec, shape) else ""))
-    elif stage == 3:
+        x.add("host", "param NVMe swap buffers (pinned)", count * size * b, f"{count} x {_count(size)} x {b} B",
+              "buffer")
+
+
+def gather_terms(x: Breakdown) -> None:
+    """ZeRO-3 gathers parameters module by module (persistent small ones stay whole); gradients are reduced through
+    a bucket."""
+    b, H, P, shape, spec = x.b, x.H, x.P, x.shape, x.spec
+    if gathers_are_views(spec, x.hardware):
+        x.notes.append("one GPU: ZeRO-3's gathers are views of the parameters' partition, no gather buffers"
+                       + (" (every parameter persists: no per-module fetch)"
+                          if persists_every_parameter(spec, shape) else ""))
+    elif x.stage == 3:
         threshold = _resolve(spec.param_persistence_threshold, 10 * H)
         small = shape.persistent_params(min(threshold, 10 * H))
         large = shape.persistent_params(threshold) - small
         if small:
-            add("gpu", "persistent small params + grads (norms)", 2 * b * small,
-                f"2 x {b} B x {_count(small)}: the tensors of at most {_count(min(threshold, 10 * H))} elements "
-                "(norms, biases)", "buffer")
+            x.add("gpu", "persistent small params + grads (norms)", 2 * b * small,
+                  f"2 x {b} B x {_count(small)}: the tensors of at most {_count(min(threshold, 10 * H))} elements "
+                  "(norms, biases)", "buffer")
         if large:
-            add("gpu", "persistent weights, whole on every GPU", b * large,
-                f"{b} B x {_count(large)}: the weight tensors of at most {_count(threshold)} elements "
-                "(stage3_param_persistence_threshold) stay gathered beside their partitions", "buffer")
+            x.add("gpu", "persistent weights, whole on every GPU", b * large,
+                  f"{b} B x {_count(large)}: the weight tensors of at most {_count(threshold)} elements "
+                  "(stage3_param_persistence_threshold) stay gathered beside their partitions", "buffer")
         prefetch = _resolve(spec.prefetch_bucket_size, int(0.9 * H * H))
         live = min(P, max(spec.max_live_parameters, shape.largest_module_params + prefetch))
-        add("gpu", "gathered params (live)", b * live,
-            f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
-            f" + prefetch {_count(prefetch)} if larger, at most P", "buffer", phase="backward")
-    if stage == 3:  # on one GPU too: a module's gradient is whole before it goes to the partition
-        add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
-            f"{b} B x {_count(shape.largest_module_params)}", "buffer", phase="backward")
+        x.add("gpu", "gathered params (live)", b * live,
+              f"{b} B x {_count(live)}: max_live_parameters, or largest module {_count(shape.largest_module_params)}"
+              f" + prefetch {_count(prefetch)} if larger, at most P", "buffer", phase="backward")
+    if x.stage == 3:  # on one GPU too: a module's gradient is whole before it goes to the partition
+        x.add("gpu", "gathered grads (largest module)", b * shape.largest_module_params,
+              f"{b} B x {_count(shape.largest_module_params)}", "buffer", phase="backward")
     reduce_bucket = _resolve(spec.reduce_bucket_size, H * H)
-    add("gpu", "reduce bucket", b * reduce_bucket, f"{b} B x {_count(reduce_bucket)}", "buffer")
-    # Activations of one micro batch.
-    t, L = training.tokens, shape.layers
-    per_layer = layer_activation_bytes(shape, spec.precision, training.seq_len, training.attention, training.liger)
-    stored = lora_layer_activation_bytes(shape, spec, training)  # what a layer keeps; per_layer: its gradients
+    x.add("gpu", "reduce bucket", b * reduce_bucket, f"{b} B x {_count(reduce_bucket)}", "buffer")
+
+
+def activation_terms(x: Breakdown) -> None:
+    """The activations of one micro batch: what the layers keep for backward (all of it, checkpointed inputs, or
+    offloaded to the host), the loss's, and backward's working set beyond the loss's peak."""
+    b, H, spec, training = x.b, x.H, x.spec, x.training
+    per_layer = layer_activation_bytes(x.shape, spec.precision, training.seq_len, training.attention, training.liger)
+    stored = lora_layer_activation_bytes(x.shape, spec, training)  # what a layer keeps; per_layer: its gradients
     final_norm = b * H + 4 if training.liger else 4 * H + 2 * b * H
-    if lora and not training.liger:  # frozen norm and lm_head: the norm's fp32 input only
+    if x.lora and not training.liger:  # frozen norm and lm_head: the norm's fp32 input only
         final_norm = 4 * H
-    layer_text = f"{stored} B/layer ({training.attention}" + (", LoRA" if lora else "") + ")"
+    work, work_text = kept_activation_terms(x, stored, per_layer, final_norm)
+    if spec.activation_offload:
+        activation_offload_terms(x, stored, final_norm)
+    logits = loss_terms(x)
+    t = training.tokens
+    x.add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
+          f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
+
+
+def kept_activation_terms(x: Breakdown, stored: int, per_layer: int, final_norm: int) -> tuple[int, str]:
+    """What the layers keep on the GPU for backward, by activation checkpointing and offload. Returns backward's
+    working set per token (a recomputed layer and its gradients, or one layer's gradients) and its formula."""
+    b, H, L, t, spec = x.b, x.H, x.shape.layers, x.training.tokens, x.spec
+    layer_text = f"{stored} B/layer ({x.training.attention}" + (", LoRA" if x.lora else "") + ")"
     if spec.activation_checkpointing and spec.activation_offload:
         n = min(L, OFFLOAD_IN_FLIGHT_LAYERS)
-        add("gpu", "activations: checkpointed layer inputs in flight (rest offloaded)", t * n * b * H,
-            f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
-        work, work_text = stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
-    elif spec.activation_checkpointing:
+        x.add("gpu", "activations: checkpointed layer inputs in flight (rest offloaded)", t * n * b * H,
+              f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
+        return stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
+    if spec.activation_checkpointing:
         n = L if spec.checkpointed_layers is None else min(L, spec.checkpointed_layers)
-        add("gpu", "activations: checkpointed layer inputs", t * (n * b * H + final_norm),
-            f"{t} tokens x ({n} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
+        x.add("gpu", "activations: checkpointed layer inputs", t * (n * b * H + final_norm),
+              f"{t} tokens x ({n} layers x {b} B x {H} + final norm {final_norm} B)", "activation", phase="backward")
         if n < L:  # gradient_checkpointing_layers: the last L - n layers keep everything
-            add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * stored,
-                f"{t} tokens x {L - n} x {layer_text}", "activation", phase="backward")
-        work, work_text = stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
-    elif spec.activation_offload:
-        add("gpu", "activations: one layer in flight (rest offloaded)", t * stored,
-            f"{t} tokens x {layer_text}", "activation", phase="backward")
-        work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
-    else:
-        add("gpu", f"activations: {L} layers stored", t * (L * stored + final_norm),
-            f"{t} tokens x ({L} x {layer_text} + final norm {final_norm} B)", "activation", phase="backward")
-        work, work_text = per_layer, f"one layer's gradients: {per_layer} B"
+            x.add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * stored,
+                  f"{t} tokens x {L - n} x {layer_text}", "activation", phase="backward")
+        return stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
     if spec.activation_offload:
-        pinned, pinned_text = None, ""
-        if spec.activation_checkpointing:  # L + 1 tensors of t x b x H (layer inputs, final norm input) + the rest
-            block, rest = pinned_block_bytes(t * b * H), pinned_block_bytes(t * (final_norm - b * H))
-            pinned = (L + 1) * block + rest
-            pinned_text = (f"{L + 1} x {t * b * H} B layer inputs in {block} B pinned blocks + final norm's "
-                           f"{t * (final_norm - b * H)} B in {rest} B: powers of two")
-        notes.append(_offload_activations(terms, t, L * (b * H if spec.activation_checkpointing else stored)
-                                          + final_norm, training.grad_accum, g, pinned, pinned_text))
-    if training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
-        chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(shape.vocab / H)) - 1).bit_length())
-        head = 0 if lora else b * shape.vocab * H  # a frozen lm_head gets no gradient
-        add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + head + b * chunk * shape.vocab,
-            f"{b} B x {t} tokens x {H} (input grad) + fp32 loss per token + "
-            + (f"{b} B x vocab {shape.vocab} x {H} (lm_head grad)" if head else "no lm_head grad (frozen)")
-            + f" + a {chunk}-token chunk of {b}-byte logits", "activation", phase="backward")
-        logits = 0
-    else:
-        logits = LOGITS_BYTES_PER_VOCAB * shape.vocab
-        add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {shape.vocab}",
-            "activation", phase="backward")
-    add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
-        f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
-    allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
+        x.add("gpu", "activations: one layer in flight (rest offloaded)", t * stored,
+              f"{t} tokens x {layer_text}", "activation", phase="backward")
+        return per_layer, f"one layer's gradients: {per_layer} B"
+    x.add("gpu", f"activations: {L} layers stored", t * (L * stored + final_norm),
+          f"{t} tokens x ({L} x {layer_text} + final norm {final_norm} B)", "activation", phase="backward")
+    return per_layer, f"one layer's gradients: {per_layer} B"
+
+
+def activation_offload_terms(x: Breakdown, stored: int, final_norm: int) -> None:
+    """Activation offload's pinned host term and its PCIe time (a note)."""
+    b, H, L, t = x.b, x.H, x.shape.layers, x.training.tokens
+    pinned, pinned_text = None, ""
+    if x.spec.activation_checkpointing:  # L + 1 tensors of t x b x H (layer inputs, final norm input) + the rest
+        block, rest = pinned_block_bytes(t * b * H), pinned_block_bytes(t * (final_norm - b * H))
+        pinned = (L + 1) * block + rest
+        pinned_text = (f"{L + 1} x {t * b * H} B layer inputs in {block} B pinned blocks + final norm's "
+                       f"{t * (final_norm - b * H)} B in {rest} B: powers of two")
+    x.notes.append(_offload_activations(x.terms, t, L * (b * H if x.spec.activation_checkpointing else stored)
+                                        + final_norm, x.training.grad_accum, x.g, pinned, pinned_text))
+
+
+def loss_terms(x: Breakdown) -> int:
+    """The loss's memory: Liger's fused linear cross-entropy, or the whole fp32 logits. Returns the logits' bytes per
+    token (0 with Liger), which backward's working set reuses."""
+    b, H, t, vocab = x.b, x.H, x.training.tokens, x.shape.vocab
+    if x.training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
+        chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(vocab / H)) - 1).bit_length())
+        head = 0 if x.lora else b * vocab * H  # a frozen lm_head gets no gradient
+        x.add("gpu", "fused linear cross-entropy (Liger)", b * t * H + 4 * t + head + b * chunk * vocab,
+              f"{b} B x {t} tokens x {H} (input grad) + fp32 loss per token + "
+              + (f"{b} B x vocab {vocab} x {H} (lm_head grad)" if head else "no lm_head grad (frozen)")
+              + f" + a {chunk}-token chunk of {b}-byte logits", "activation", phase="backward")
+        return 0
+    logits = LOGITS_BYTES_PER_VOCAB * vocab
+    x.add("gpu", "logits + loss (fp32 cross-entropy)", t * logits, f"{t} tokens x 12 B x vocab {vocab}",
+          "activation", phase="backward")
+    return logits
+
+
+def gpu_overhead_terms(x: Breakdown) -> None:
+    """GPU memory beyond what is allocated: the allocator's fragmentation (measured per stage; what the GPU leaves
+    when that is less but still enough near full) and the CUDA context."""
+    hardware, stage = x.hardware, x.stage
+    allocated = Plan(x.shape, hardware, x.training, x.spec, tuple(x.terms)).gpu_allocated_bytes
     fixed = hardware.fixed
     margin, tight = dict(fixed.gpu_margin)[stage], dict(fixed.gpu_margin_near_full).get(stage)
-    if lora and stage in dict(fixed.gpu_margin_lora):  # little step churn: an adapter-sized partition
+    if x.lora and stage in dict(fixed.gpu_margin_lora):  # little step churn: an adapter-sized partition
         margin, tight = dict(fixed.gpu_margin_lora)[stage], None
     left = hardware.usable(hardware.gpu_mem) - fixed.cuda_context - allocated
     if tight is not None and tight * allocated <= left < margin * allocated:
-        add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of allocated "
-            f"(near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
-        notes.append(f"tight fit: {left / allocated:.1%} of allocated left for fragmentation (measured need near a "
-                     f"full GPU: {tight:.0%}); the allocator will release cached blocks, which can cost some speed")
+        x.add("gpu", "allocator fragmentation margin", left, f"what the GPU leaves: {left / allocated:.1%} of "
+              f"allocated (near full: at least {tight:.0%}, measured; {margin:.0%} with room)", "overhead", False)
+        x.notes.append(f"tight fit: {left / allocated:.1%} of allocated left for fragmentation (measured need near a "
+                       f"full GPU: {tight:.0%}); the allocator will release cached blocks, which can cost some speed")
     else:
-        add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
-            "overhead", False)
-    add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}",
-        "overhead", False)
-    # Host RAM per node beyond offloaded states.
-    add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
-    if stage == 3 and lora:  # the Trainer gathers a peft model's trainable parameters only, whatever the setting
-        terms.append(Term("16-bit adapter gathered on rank 0 to save", "host", b * T,
-                          f"{b} B x {_count(T)} at every save (the frozen base is not saved)", "buffer"))
-    elif stage == 3 and spec.gather_16bit_weights_on_save:
-        terms.append(Term("16-bit model gathered on rank 0 to save", "host", b * P,
-                          f"{b} B x {_count(P)} at every save (checkpoints, the final model): "
-                          "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
-                          "1 x H200: +20.2 GiB for 20.0)", "buffer"))
-    loading, load_b = (shape.largest_module_params if stage == 3 else P), training.load_bytes or b
+        x.add("gpu", "allocator fragmentation margin", margin * allocated, f"{margin:.0%} of allocated at the peak",
+              "overhead", False)
+    x.add("gpu", "CUDA context + NCCL buffers", fixed.cuda_context, f"NVML used - torch reserved: {fixed.source}",
+          "overhead", False)
+
+
+def host_terms(x: Breakdown) -> None:
+    """Host RAM per node beyond offloaded states: the processes, the save's gather, loading the weights, a margin,
+    and ZeRO-3's start-up peak."""
+    b, P, T, g, stage, shape = x.b, x.P, x.T, x.g, x.stage, x.shape
+    fixed = x.hardware.fixed
+    x.add("host", "training processes", fixed.host_per_rank, f"{gb(fixed.host_per_rank)} per rank", "overhead")
+    if stage == 3 and x.lora:  # the Trainer gathers a peft model's trainable parameters only, whatever the setting
+        x.terms.append(Term("16-bit adapter gathered on rank 0 to save", "host", b * T,
+                            f"{b} B x {_count(T)} at every save (the frozen base is not saved)", "buffer"))
+    elif stage == 3 and x.spec.gather_16bit_weights_on_save:
+        x.terms.append(Term("16-bit model gathered on rank 0 to save", "host", b * P,
+                            f"{b} B x {_count(P)} at every save (checkpoints, the final model): "
+                            "stage3_gather_16bit_weights_on_model_save; on the first node only (measured, 10.7B on "
+                            "1 x H200: +20.2 GiB for 20.0)", "buffer"))
+    loading, load_b = (shape.largest_module_params if stage == 3 else P), x.training.load_bytes or b
     copies = MOE_LOAD_COPIES if stage == 3 and shape.experts else 1
-    add("host", "loading weights", copies * load_b * loading, f"{copies} x " * (copies > 1) + f"{load_b} B x "
-        f"{_count(loading)}" + ((" (ZeRO-3 loads one MoE block at a time: its per-expert tensors and their fused copy)"
-                                 if copies > 1 else " (ZeRO-3 loads one tensor at a time)") if stage == 3 else
-                                " (each rank loads the whole model)"), "buffer")
-    host = sum(x.bytes for x in terms if x.where == "host")
-    terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))
-    if stage == 3 and prm == "none":  # before the first step, while no offloaded state exists yet
-        terms.append(Term("start-up: ranks at rest", "host", g * STARTUP_RANK_BYTES,
-                          f"{gb(STARTUP_RANK_BYTES)} x {g} GPUs/node (measured: the 7b's rank beside its copy below)",
-                          "overhead", phase="startup"))
-        terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * tpart,
-                          f"{b} B x {shard(tpart, T)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each rank's "
-                          "flat 16-bit buffer through a host tensor (`defragment`, runtime/zero/utils.py); measured "
-                          "on 1 x H200: 13.74 GiB held by the 7b's rank for 12.55 GiB of partitions", "buffer",
-                          phase="startup"))
-    if spec.precision == "auto":
-        notes.append('precision "auto" is planned as bf16')
-    if training.seq_len > shape.max_positions:
-        notes.append(f"seq_len {training.seq_len} exceeds the model's max positions ({shape.max_positions})")
-    return Plan(shape, hardware, training, spec, tuple(terms), tuple(notes))
+    x.add("host", "loading weights", copies * load_b * loading, f"{copies} x " * (copies > 1) + f"{load_b} B x "
+          f"{_count(loading)}" + ((" (ZeRO-3 loads one MoE block at a time: its per-expert tensors and their fused "
+                                   "copy)" if copies > 1 else " (ZeRO-3 loads one tensor at a time)") if stage == 3 else
+                                  " (each rank loads the whole model)"), "buffer")
+    host = sum(term.bytes for term in x.terms if term.where == "host")
+    x.terms.append(Term("host margin", "host", int(HOST_MARGIN * host), f"{HOST_MARGIN:.0%} of the above", "overhead"))
+    if stage == 3 and x.prm == "none":  # before the first step, while no offloaded state exists yet
+        x.terms.append(Term("start-up: ranks at rest", "host", g * STARTUP_RANK_BYTES,
+                            f"{gb(STARTUP_RANK_BYTES)} x {g} GPUs/node (measured: the 7b's rank beside its copy below)",
+                            "overhead", phase="startup"))
+        x.terms.append(Term("start-up: 16-bit partitions packed through host memory", "host", g * b * x.tpart,
+                            f"{b} B x {x.shard(x.tpart, T)} x {g} GPUs/node: DeepSpeed's ZeRO-3 optimizer builds each "
+                            "rank's flat 16-bit buffer through a host tensor (`defragment`, runtime/zero/utils.py); "
+                            "measured on 1 x H200: 13.74 GiB held by the 7b's rank for 12.55 GiB of partitions",
+                            "buffer", phase="startup"))
 
 
 def persists_every_parameter(spec: ZeroSpec, shape: ModelShape) -> bool:

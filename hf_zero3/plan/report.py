@@ -9,6 +9,7 @@ import json
 
 from hf_zero3.config import batch
 from hf_zero3.plan.memory import element_bytes
+from hf_zero3.plan.profiles import get, nvme_seconds_per_step
 from hf_zero3.plan.saves import save_size
 from hf_zero3.units import GB, gb
 
@@ -58,6 +59,16 @@ def shown_plan(choice):
 
 
 def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> None:
+    """The whole answer: the model and hardware planned for, every option, the choice, its notes, its breakdown."""
+    _print_inputs(shape, hardware, seq_len, out)
+    _print_options(choice, out)
+    shown = shown_plan(choice)
+    _print_choice(shown, hardware, choice, out, liger_why)
+    _print_breakdown(shown, hardware, out)
+
+
+def _print_inputs(shape, hardware, seq_len, out) -> None:
+    """The model and the hardware planned for (and which figures were read from this machine)."""
     detected = f" (read from this machine: {', '.join(hardware.detected)})" if hardware.detected else ""
     host = f"{gb(hardware.host_ram)}/node" if hardware.host_ram else "not given (not checked; pass --host-ram)"
     free = "unknown space" if hardware.nvme_free is None else f"{gb(hardware.nvme_free)} free"
@@ -73,6 +84,10 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
     out(f"hardware  {hardware.nodes} node(s) x {hardware.gpus_per_node} GPUs x {gb(hardware.gpu_mem)}; host RAM "
         f"{host}; NVMe {nvme}{detected}")
     out("")
+
+
+def _print_options(choice, out) -> None:
+    """Every option tried, cheapest first, with its memory and whether it fits."""
     out(f"{'option, cheapest first':68} {'micro x acc':>11} {'per GPU':>10} {'host/node':>12} {'NVMe/node':>10}"
         "  fits")
     for p in rows(choice):
@@ -81,7 +96,10 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
         out(f"{p.label:68} {p.training.micro_batch:>5} x {p.training.grad_accum:<4}{gb(p.gpu_bytes):>10} "
             f"{gb(p.host_bytes):>12} {gb(p.nvme_bytes):>10}  {fits}")
     out("")
-    shown = shown_plan(choice)
+
+
+def _print_choice(shown, hardware, choice, out, liger_why: str) -> None:
+    """The choice and its batch math (or what is closest and why nothing fits), the saves, Liger and the notes."""
     if choice.fits:
         t = shown.training
         out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x "
@@ -102,6 +120,10 @@ def print_tables(shape, hardware, seq_len, choice, out, liger_why: str = "") -> 
         size = hardware.gpu_mem // GB
         out(f"note      {size}GB is {size} x 10^9 bytes; a GPU sold as {size}GB has about {size} GiB "
             f"({size * 2**30 / 1e9:.1f} GB, what torch reports): pass --gpu-mem {size}GiB to plan for all of it")
+
+
+def _print_breakdown(shown, hardware, out) -> None:
+    """The shown plan's terms per GPU, host RAM and NVMe, each against its limit, with the totals."""
     limits = {"gpu": ("per GPU", hardware.gpu_mem), "host": ("host RAM per node", hardware.host_ram),
               "nvme": ("NVMe per node", hardware.nvme_free)}
     for where, terms in shown.breakdown.items():
@@ -158,3 +180,48 @@ def print_choice(shape, hardware, seq_len, choice, out=print, liger_why: str = "
             n = choice.training_args["gradient_checkpointing_layers"]
             out(f"  (gradient_checkpointing_layers is hf-zero3 train's; in your own Trainer script drop it and add "
                 f"trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback({n})))")
+
+
+def answer_json(shape, hardware, seq_len, choice, profile: str | None, liger: bool, liger_why: str) -> dict:
+    """`plan --json`: the model, the hardware, the choice with its ds_config and TrainingArguments, every option."""
+    shown = shown_plan(choice)
+    return {
+        "model": {"name": shape.name, "params": shape.params, "layers": shape.layers, "hidden": shape.hidden,
+                  "ffn": shape.ffn, "heads": shape.heads, "kv_heads": shape.kv_heads, "vocab": shape.vocab},
+        "seq_len": seq_len,
+        "hardware": {"nodes": hardware.nodes, "gpus_per_node": hardware.gpus_per_node,
+                     "gpu_mem": hardware.gpu_mem, "host_ram": hardware.host_ram,
+                     "nvme_path": hardware.nvme_path, "nvme_free": hardware.nvme_free,
+                     "profile": profile, "headroom": hardware.headroom,
+                     "detected": list(hardware.detected)},
+        "fits": choice.fits,
+        "liger": liger,
+        "liger_why": liger_why,
+        "speed": choice.speed,
+        "choice": plan_json(choice.plan) if choice.fits else None,
+        "ds_config": choice.ds_config if choice.fits else None,
+        "training_args": choice.training_args if choice.fits else None,
+        "advice": choice.advice,
+        "breakdown_of": plan_json(shown),
+        "breakdown": terms_json(shown),
+        "options": [plan_json(p) for p in rows(choice)],
+    }
+
+
+def cost_lines(choice, profile: str | None) -> list[str]:
+    """What the choice costs in time beyond the GPUs' work: NVMe swap per step on a named machine (`profile`), and
+    unpinned host buffers."""
+    lines = []
+    if profile and choice.fits and choice.plan.nvme_bytes:
+        machine = get(profile)
+        lines.append(f"cost      NVMe swap: about {nvme_seconds_per_step(choice.plan.nvme_bytes, machine):,.0f} s per "
+                     f"optimizer step at {machine.name}'s {machine.nvme_read_gbps:g} GB/s read, "
+                     f"{machine.nvme_write_gbps:g} GB/s write (estimates unless measured; raise accumulation to "
+                     "spread it)")
+    offload = choice.plan.spec.offload_optimizer if choice.fits else None
+    if offload and offload.device == "cpu" and not offload.pin_memory:
+        lines.append("cost      host buffers not pinned (the pinned variant does not fit the host RAM): every "
+                     "micro-step copies the offloaded gradients to the host from pageable memory, synchronously, so "
+                     "fewer micro-steps are faster: the largest micro batch the GPU takes (pass --micro-batch), and "
+                     "where the node's RAM allows, pin_memory: true (its row above gives the host RAM it needs)")
+    return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -16,11 +17,24 @@ pytestmark = pytest.mark.integration
 STEPS = 20
 
 
-def test_the_ladder_matches_ddp_and_records_memory(tmp_path):
-    out, work = tmp_path / "out", tmp_path / "work"
+TRAIN = ["--", "--per_device_train_batch_size", "4", "--block_size", "64", "--max_eval_samples", "4",
+         "--warmup_steps", "0"]
+"""No learning-rate warmup: the cosine decays from step 1, so a rung stopped early shows whether it followed the full
+schedule (a 6-step cosine would differ from step 2 on)."""
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    """The whole default ladder, once for the module: (out, work, the finished process)."""
+    tmp = tmp_path_factory.mktemp("ladder")
+    out, work = tmp / "out", tmp / "work"
     proc = run(["python", "-m", "hf_zero3", "compare", "tiny", "--steps", str(STEPS), "--warmup", "2",
-                "--nvme-path", tmp_path / "nvme", "--out", out, "--work-dir", work, "--",
-                "--per_device_train_batch_size", "4", "--block_size", "64", "--max_eval_samples", "4"], timeout=900)
+                "--nvme-path", tmp / "nvme", "--out", out, "--work-dir", work, *TRAIN], timeout=900)
+    return out, work, proc
+
+
+def test_the_ladder_matches_ddp_and_records_memory(ladder):
+    out, _, proc = ladder
     assert proc.returncode == 0, explain(proc)
     summaries = {name: json.loads((out / "rungs" / f"{name}.json").read_text()) for name in DEFAULT_RUNGS}
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -59,17 +73,16 @@ def test_the_ladder_matches_ddp_and_records_memory(tmp_path):
     assert (out / "seed_claims_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_stop_after_runs_the_first_steps_of_the_full_schedule(tmp_path):
+def test_stop_after_runs_the_first_steps_of_the_full_schedule(ladder, tmp_path):
     """`--stop-after 6` of a 20-step schedule: the rung logs 6 steps whose learning rates and losses are DDP's first 6
-    of 20 (no warmup, so a 6-step cosine would differ from step 2 on), it counts as run, and the report says so."""
-    out, work = tmp_path / "out", tmp_path / "work"
-    common = ["--steps", "20", "--warmup", "2", "--out", out, "--work-dir", work]
-    train = ["--", "--per_device_train_batch_size", "4", "--block_size", "64", "--max_eval_samples", "4",
-             "--warmup_steps", "0"]
-    full = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "ddp", *common, *train], timeout=600)
-    assert full.returncode == 0, explain(full)
-    short = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "zero3", "--stop-after", "6", *common,
-                 *train], timeout=600)
+    of 20 (the ladder's DDP rung, recorded), it counts as run, and the report says so."""
+    ladder_out, work, _ = ladder
+    out = tmp_path / "out"
+    (out / "rungs").mkdir(parents=True)
+    for name in ("ddp.json", "ddp.jsonl"):  # DDP's full 20 steps: recorded, so not run again
+        shutil.copy(ladder_out / "rungs" / name, out / "rungs" / name)
+    short = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "zero3", "--stop-after", "6", "--steps",
+                 "20", "--warmup", "2", "--out", out, "--work-dir", work, *TRAIN], timeout=600)
     assert short.returncode == 0, explain(short)
     assert re.search(r"compare zero3: stopped after \d+ of 20 steps, as asked", short.stderr), short.stderr[-2000:]
 

@@ -5,6 +5,7 @@ recipe's global batch, and the report names the best baseline that ran and every
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -21,7 +22,7 @@ from hf_zero3.ops.baselines import (
     variants_of,
 )
 from hf_zero3.ops.bench import aggregate, render_report
-from tests.conftest import ROOT
+from tests.conftest import ROOT, error_naming
 
 RECIPE = ROOT / "recipes" / "8b"
 
@@ -218,3 +219,71 @@ def test_bench_refuses_tuned_settings_for_a_baseline_it_does_not_run(capsys):
     assert "give NAME=MICRO" in capsys.readouterr().err
     assert main(["bench", "tiny", "--gpus", "2", "--against", "tuned", "--tuned", "plain_tuned=2"]) == 2
     assert "--tuned sets ['plain_tuned']" in capsys.readouterr().err  # `tuned` on 2 ranks leaves it out
+
+
+def test_bench_refuses_an_unknown_recipe_or_baseline_naming_the_choices(capsys):
+    from hf_zero3.cli import main
+
+    assert main(["bench", "no-such-recipe"]) == 2
+    error_naming(capsys.readouterr().err, "no-such-recipe", "recipe", "tiny")
+    assert main(["bench", "tiny", "--against", "stock,megatron"]) == 2
+    error_naming(capsys.readouterr().err, "megatron", "stock_tuned", "fsdp2")
+
+
+@pytest.fixture
+def replayed_runs(monkeypatch):
+    """Each bench run replayed from a recorded CPU run's figures instead of launched: the (variant, repeat) pairs
+    asked, in order. The handler the bench sets for SIGTERM is put back afterwards."""
+    from hf_zero3.ops import bench
+
+    asked: list[tuple[str, int]] = []
+
+    def replay(variant, repeat, repeats, gpus, recipe_dir, work_dir, steps, warmup, extra, run_timeout, label):
+        asked.append((variant.name, repeat))
+        records = [{"repeat": repeat, "step": step, "loss": 10.4 - 0.1 * step, "tokens_per_s_per_gpu": 2_150.0,
+                    "step_time_s": 0.24, "host_rss_gib": 1.1} for step in range(1, warmup + steps + 1)]
+        return {"summary": bench.summarize(records, warmup), "records": records,
+                "config": {"command": f"deepspeed ... {variant.name}"}}
+
+    monkeypatch.setattr(bench, "_run_variant", replay)
+    handler = signal.getsignal(signal.SIGTERM)
+    yield asked
+    signal.signal(signal.SIGTERM, handler)
+
+
+def test_resumed_calls_run_what_the_time_budget_allows_and_say_what_is_left(replayed_runs, tmp_path, capsys):
+    """A second call with --resume, --only and a time budget runs only what fits and says how many runs are left; a
+    third, without a budget, runs them and keeps the first calls' runs in the report."""
+    from hf_zero3.cli import main
+
+    out, work = tmp_path / "benchmarks", tmp_path / "work"
+    common = ["--gpus", "1", "--steps", "2", "--warmup", "1", "--suffix", "tuned", "--out", str(out), "--work-dir",
+              str(work), "--", "--per_device_train_batch_size", "4"]
+    tuned = ["--against", "tuned", "--tuned", "stock_tuned=2", "--tuned", "zero2_tuned=3+ckpt",
+             "--tuned", "fsdp2_tuned=2", "--tuned", "plain_tuned=4+ckpt"]
+    assert main(["bench", "tiny", *tuned, *common]) == 0
+    assert sorted(replayed_runs) == [("fsdp2_tuned_2", 1), ("ours", 1), ("plain_tuned_4_ckpt", 1),
+                                     ("stock_tuned_2", 1), ("zero2_tuned_2_ckpt", 1)]
+    state_path = work / "bench_state.json"
+    state = json.loads(state_path.read_text())
+    for runs in state["runs"].values():  # as long as each took on a CPU
+        for run in runs.values():
+            run["seconds"] = 30.0
+    state_path.write_text(json.dumps(state))
+    capsys.readouterr()
+
+    replayed_runs.clear()
+    again = ["bench", "tiny", *tuned, "--repeats", "2", "--resume", "--only", "ours,plain_tuned"]
+    assert main([*again, "--time-budget", "1", *common]) == 0
+    assert replayed_runs == [("ours", 2)]  # the first run of a call always runs; the next would pass the budget
+    assert "bench: 1 run(s) left for the time budget (1 s)" in capsys.readouterr().out
+
+    replayed_runs.clear()
+    assert main([*again, *common]) == 0
+    assert replayed_runs == [("plain_tuned_4_ckpt", 2)]
+    assert "bench: all runs done" in capsys.readouterr().out
+    [report] = out.glob("tiny_cpu*_*_tuned.md")
+    text = report.read_text()
+    assert "| ours | 1 | " in text and "| ours | 2 | " in text and "| plain_tuned_4_ckpt | 2 | " in text
+    assert "| stock_tuned_2 | 1 | " in text and "| stock_tuned_2 | 2 | " not in text
+    assert "--time-budget 1" in text and "--against tuned" in text

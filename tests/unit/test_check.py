@@ -12,6 +12,7 @@ from hf_zero3.cli import main as cli
 from hf_zero3.config.build import build_ds_config
 from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.presets import STANDALONE_CONFIGS
+from tests.conftest import error_naming
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEED = FIXTURES / "seed_ds_config.json"
@@ -204,7 +205,7 @@ def test_new_never_replaces_an_existing_file_unless_forced(tmp_path, capsys):
     out_file = tmp_path / "ds_config.json"
     out_file.write_text("{\"mine\": true}\n")
     assert cli(["config", "new", "--stage", "3", "-o", str(out_file)]) == 2
-    assert f"error: {out_file} exists: choose a new path, or pass --force to replace it" in capsys.readouterr().err
+    error_naming(capsys.readouterr().err, f"{out_file} exists", "--force")
     assert out_file.read_text() == "{\"mine\": true}\n"
     assert cli(["config", "new", "--stage", "3", "-o", str(out_file), "--force"]) == 0
     assert json.loads(out_file.read_text())["zero_optimization"]["stage"] == 3

@@ -15,6 +15,7 @@ from hf_zero3.config.check import check_ds_config, has_errors
 from hf_zero3.config.convert import spec_from_ds_config
 from hf_zero3.config.presets import STANDALONE_CONFIGS
 from hf_zero3.config.spec import OptimizerOffload, ZeroSpec
+from tests.conftest import error_naming
 
 REMOVED_BLOCKS = ["amp", "nebula", "compression_training", "quantize_training", "sparse_gradients", "eigenvalue",
                   "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop"]
@@ -65,7 +66,7 @@ def test_like_drops_removed_blocks_with_a_note(tmp_path, capsys):
     assert cli(["config", "new", "--like", str(source), "-o", str(out)]) == 0
     written, err = json.loads(out.read_text()), capsys.readouterr().err
     assert "amp" not in written and "nebula" not in written and written["flops_profiler"] == {"enabled": False}
-    assert "note: dropped 'amp' (DeepSpeed refuses to start with it): NVIDIA Apex AMP" in err
+    error_naming(err, "dropped 'amp'", "DeepSpeed refuses to start with it")
     assert "note: dropped 'nebula'" in err and "unknown top-level keys" not in err
 
 
@@ -104,7 +105,7 @@ def test_deprecated_key_with_its_replacement_is_a_finding_not_a_crash(old, new, 
     path.write_text(json.dumps({**good(), "zero_optimization": zero}))
     assert cli(["config", "check", str(path), "--device", "any"]) == 1
     out = capsys.readouterr().out
-    assert f"ERROR   zero_optimization.{old}: Cannot provide deprecated parameter '{old}'" in out
+    error_naming(out, f"zero_optimization.{old}", "ERROR", "deprecated")
     assert f"remove the deprecated '{old}'" in out
 
 

@@ -14,7 +14,8 @@ from hf_zero3.config.check import check_ds_config
 from hf_zero3.config.convert import spec_from_ds_config
 from hf_zero3.config.spec import OptimizerOffload, ZeroSpec
 from hf_zero3.plan.choose import choose
-from hf_zero3.plan.memory import gpu_kept_optimizer_elements, plan, rank_partitions, sub_groups
+from hf_zero3.plan.memory import plan
+from hf_zero3.plan.partitions import gpu_kept_optimizer_elements, rank_partitions, sub_groups
 from hf_zero3.plan.profiles import PROFILES, get
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.types import Hardware, PlanError, Training
@@ -166,12 +167,12 @@ def test_pinned_blocks_are_rounded_up_to_powers_of_two_as_measured():
     """The 8b probe (benchmarks/results/2026-11-30_memory-probe-8b/zero3_offload_opt_rank0.json) measured
     24.000122 GiB pinned per rank: a 2^33 B block for the 8.03 GB bf16 gradient partition and four 2^32 B blocks for
     the 4 GB fp32 gradient sub-groups (plus a small remainder): what `pinned_blocks` + rounding predict."""
-    from hf_zero3.plan.memory import _pow2, pinned_blocks
+    from hf_zero3.plan.partitions import pinned_blocks, round_up_to_power_of_2
 
     part = -(-8_030_261_248 // 2)
     blocks = pinned_blocks(FULL, 2 * part, part, 0)
-    assert [_pow2(b) for b in blocks[:5]] == [2**33] + [2**32] * 4
-    assert sum(_pow2(b) for b in blocks) / GiB == pytest.approx(24.0, abs=0.01)
+    assert [round_up_to_power_of_2(b) for b in blocks[:5]] == [2**33] + [2**32] * 4
+    assert sum(round_up_to_power_of_2(b) for b in blocks) / GiB == pytest.approx(24.0, abs=0.01)
     assert plan(SHAPE, H200X2, Training(4096, 2, 2), FULL).host_bytes > plan(
         SHAPE, H200X2, Training(4096, 2, 2), ZeroSpec(**{**FULL.model_dump(), "offload_optimizer": {
             "device": "cpu", "pin_memory": False}})).host_bytes
@@ -182,13 +183,13 @@ def test_nvme_swap_buffers_are_not_rounded_only_the_gradient_partition_is():
     """The 70B-width NVMe run (benchmarks/results/2026-11-30_nvme-offload-70b-width/probe_rank0.json) measured 4.0 GiB
     pinned by torch per rank: its 2.24 GB bf16 gradient partition rounded to 2^32 B. The four 0.4 GB swap buffers
     are page-locked by DeepSpeed's aio handle, outside torch's allocator, and are not rounded."""
-    from hf_zero3.plan.memory import _pow2, pinned_blocks
+    from hf_zero3.plan.partitions import pinned_blocks, round_up_to_power_of_2
 
     nvme = ZeroSpec(stage=3, offload_optimizer={"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True},
                     sub_group_size=100_000_000)
     part = -(-2_235_604_992 // 2)
     blocks = pinned_blocks(nvme, 2 * part, part, 0)
-    assert blocks == [2 * part] and _pow2(blocks[0]) / GiB == 4.0
+    assert blocks == [2 * part] and round_up_to_power_of_2(blocks[0]) / GiB == 4.0
 
 def test_config_new_writes_partial_unpinned_offload_and_the_oom_advice_names_it(capsys):
     assert main(["config", "new", "--stage", "3", "--offload-optimizer", "cpu", "--offload-ratio", "0.5",

@@ -18,7 +18,8 @@ from hf_zero3.plan import memory as planner
 from hf_zero3.plan.advice import oom_advice
 from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.memory import layer_activation_bytes, plan, rank_partitions, sub_groups
+from hf_zero3.plan.memory import layer_activation_bytes, plan
+from hf_zero3.plan.partitions import rank_partitions, sub_groups
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.types import Hardware, PlanError, Training
 from hf_zero3.run import oom
