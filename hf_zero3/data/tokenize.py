@@ -25,8 +25,24 @@ IGNORE = -100
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+"""Tokens that end an assistant's turn in today's templates; the model must be trained on them to learn to stop."""
+
+_PROBE = "\ufffc"
+"""Put before an assistant turn's content to find where the rendering of that content starts."""
+
+
 def has_generation_markers(template: str) -> bool:
     return bool(_GENERATION.search(template))
+
+
+def _common_prefix_text(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) -> str:
@@ -56,6 +72,10 @@ class Tokenizer:
         self.tok, self.template, self.train_on_inputs = tokenizer, template, train_on_inputs
         self.use_markers = bool(template) and has_generation_markers(template) if use_markers is None else use_markers
         self.eos = tokenizer.eos_token_id
+        vocab = tokenizer.get_vocab()
+        self.stops = {self.eos} | {vocab[t] for t in END_OF_TURN if t in vocab}
+        self.end_of_turn_outside: str | None = None
+        """The end-of-turn token the template's markers leave out (trained with the turn), once one was found."""
 
     def render(self, messages: list[dict], tools=None, add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template, tokenize=False,
@@ -72,19 +92,32 @@ class Tokenizer:
         if self.use_markers:
             out = self.tok.apply_chat_template(messages, tools=tools, chat_template=self.template, tokenize=True,
                                                return_dict=True, return_assistant_tokens_mask=True)
-            ids = list(out["input_ids"])
-            return _example(ids, [t if m else IGNORE for t, m in zip(ids, out["assistant_masks"])])
+            ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+            self._train_end_of_turn(ids, mask)
+            return _example(ids, [t if m else IGNORE for t, m in zip(ids, mask)])
         text = self.render(messages, tools)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self.render(messages[:i], tools, add_generation_prompt=True) if i else ""
             through = self.render(messages[: i + 1], tools)
+            if i:
+                before = self.render(messages[:i], tools, add_generation_prompt=True)
+            else:  # the preamble a template puts first (a default system prompt, a date) is not the assistant's
+                probe = {**message, "content": _PROBE + (message.get("content") or "")}
+                before = through[:_common_prefix_text(self.render([probe], tools), through)]
             if not (through.startswith(before) and text.startswith(through)):
                 raise NotPrefixError(i)
             spans.append((len(before), max(len(before), len(through.rstrip()))))
         return self._masked(text, spans)
+
+    def _train_end_of_turn(self, ids: list[int], mask: list[int]) -> None:
+        """An end-of-turn token right after a marked span is trained with it: a template whose markers leave it out
+        would never teach the model to stop. The first one found is remembered, for the run to say so."""
+        for j in range(1, len(ids)):
+            if mask[j - 1] and not mask[j] and ids[j] in self.stops:
+                mask[j] = 1
+                self.end_of_turn_outside = self.end_of_turn_outside or self.tok.convert_ids_to_tokens(ids[j])
 
     def _masked(self, text: str, spans: list[tuple[int, int]]) -> dict:
         """Token ids of `text`, labelled where a token overlaps one of the character spans."""
