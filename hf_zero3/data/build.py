@@ -43,6 +43,10 @@ class Prepared:
     attended: float
     """Token-weighted mean length of the sequences tokens attend within (the S of 12·L·H·S attention FLOPs)."""
     notes: list[str] = field(default_factory=list)
+    trained: int = 0
+    """Train tokens with a label (what the loss is on)."""
+    dropped: int = 0
+    """Train examples dropped: longer than block_size (overlong: drop), or with no trained token."""
 
 
 def _what(data_args: DataArguments, i: int) -> str:
@@ -147,7 +151,7 @@ def _tools(value):
 
 
 def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_args: dict) -> tuple[
-        datasets.Dataset, list[str]]:
+        datasets.Dataset, list[str], int]:
     """Examples longer than block_size dropped or truncated (counted), and any left with nothing to train dropped."""
     block, notes, n = data_args.block_size, [], len(examples)
     long = sum(1 for length in examples["length"] if length > block)
@@ -169,7 +173,7 @@ def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_a
                                    desc=f"drop untrained {label} examples", **map_args)
         notes.append(f"{label}: dropped {untrained} examples with no trained token"
                      + (" left after truncation" if long and data_args.overlong == "truncate" else ""))
-    return examples, notes
+    return examples, notes, n - len(examples)
 
 
 def _mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int) -> tuple[datasets.Dataset, list[str]]:
@@ -238,15 +242,17 @@ def _split(train: datasets.Dataset, pct: int, seed: int) -> tuple[datasets.Datas
 def build_datasets(data_args: DataArguments, tokenizer, training_args, max_positions: int,
                    tokenizer_name: str = "the model") -> Prepared:
     """Train and eval datasets, built on rank 0 first (the others read its cache)."""
+    with training_args.main_process_first(desc="load, tokenize and pack"):
+        return build_examples(data_args, tokenizer, training_args.seed, max_positions, tokenizer_name)
+
+
+def build_examples(data_args: DataArguments, tokenizer, seed: int, max_positions: int,
+                   tokenizer_name: str = "the model") -> Prepared:
+    """`build_datasets` in this process alone (no process group): what `hf-zero3 data` shows."""
     if problem := block_size_problem(data_args.block_size, max_positions):
         raise DataError(problem)
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos_token; set one (documents and completions end with EOS).")
-    with training_args.main_process_first(desc="load, tokenize and pack"):
-        return _build(data_args, tokenizer, training_args.seed, tokenizer_name)
-
-
-def _build(data_args: DataArguments, tokenizer, seed: int, tokenizer_name: str) -> Prepared:
     sources = _formats_and_rows(data_args)
     validation = _validation_rows(data_args)
     formats = {fmt for _, fmt, _ in sources}
@@ -256,14 +262,15 @@ def _build(data_args: DataArguments, tokenizer, seed: int, tokenizer_name: str) 
     if formats == {"text"}:
         return _text_blocks(data_args, tokenizer, sources, validation, seed, map_args)
     tok = _tokenizer_for(data_args, tokenizer, tokenizer_name, formats | ({validation[1]} if validation else set()))
-    notes, parts = [], []
+    notes, parts, dropped = [], [], 0
     for i, (source, fmt, rows) in enumerate(sources):
         label = source.label
         examples = rows.map(_examples_fn(tok, source, fmt, rows.column_names, data_args.block_size, label),
                             batched=True, with_indices=True, remove_columns=rows.column_names,
                             desc=f"tokenize {label} ({fmt})", **map_args)
-        examples, fitted = _fit(examples, data_args, label, map_args)
+        examples, fitted, lost = _fit(examples, data_args, label, map_args)
         notes += fitted
+        dropped += lost
         if len(examples) == 0:
             raise DataError(f"{_what(data_args, i)} {label!r} has no example that fits block_size="
                             f"{data_args.block_size}; raise block_size or set overlong: truncate.")
@@ -277,7 +284,7 @@ def _build(data_args: DataArguments, tokenizer, seed: int, tokenizer_name: str) 
         evaluation = rows.map(_examples_fn(tok, source, fmt, rows.column_names, data_args.block_size, source.label),
                               batched=True, with_indices=True, remove_columns=rows.column_names,
                               desc=f"tokenize {source.label} ({fmt})", **map_args)
-        evaluation, fitted = _fit(evaluation, data_args, source.label, map_args)
+        evaluation, fitted, _ = _fit(evaluation, data_args, source.label, map_args)
         notes += fitted
     lengths, trained = train["length"], sum(train["trained"])
     tokens = sum(lengths)
@@ -285,8 +292,8 @@ def _build(data_args: DataArguments, tokenizer, seed: int, tokenizer_name: str) 
     train = train.remove_columns(["length", "trained"])
     evaluation = evaluation.remove_columns(["length", "trained"]) if evaluation is not None else None
     notes.append(f"{len(lengths)} train examples: {tokens} tokens, {trained} trained ({trained / max(tokens, 1):.0%})")
-    return _limited(Prepared(train, evaluation, PACKED if data_args.packing else PADDED, tokens, attended, notes),
-                    data_args)
+    return _limited(Prepared(train, evaluation, PACKED if data_args.packing else PADDED, tokens, attended, notes,
+                             trained, dropped), data_args)
 
 
 def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> Prepared:
@@ -326,14 +333,16 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
                                 "non-empty text.")
             raise DataError(f"the {name} data has only {n_tokens} tokens, fewer than one block (block_size={block}); "
                             f"use a smaller block_size (<= {n_tokens}) or more data.")
-    return _limited(Prepared(blocks["train"], blocks.get("validation"), BLOCKS, block * len(blocks["train"]),
-                             block, notes), data_args)
+    total = block * len(blocks["train"])
+    return _limited(Prepared(blocks["train"], blocks.get("validation"), BLOCKS, total, block, notes, total),
+                    data_args)
 
 
 def _limited(prepared: Prepared, data_args: DataArguments) -> Prepared:
     if data_args.max_train_samples is not None and data_args.max_train_samples < len(prepared.train):
         prepared.train = prepared.train.select(range(data_args.max_train_samples))
         prepared.tokens = sum(map(len, prepared.train["input_ids"]))
+        prepared.trained = sum(sum(t != IGNORE for t in x) for x in prepared.train["labels"])
     if prepared.eval is not None and data_args.max_eval_samples is not None:
         prepared.eval = prepared.eval.select(range(min(data_args.max_eval_samples, len(prepared.eval))))
     return prepared

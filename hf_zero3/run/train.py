@@ -269,7 +269,10 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
     """TRL's SFTTrainer over the run's data, with our callbacks; what our callbacks carry out instead of the
     Trainer (recorded in run_config.json as the user set it); the prepared data."""
     from hf_zero3.data.build import build_datasets  # datasets takes a second (see run.checks)
-    from hf_zero3.run.sft import rows_note, sft_trainer  # TRL takes seconds to import, once the inputs are known good
+    from hf_zero3.run.sft import (  # TRL takes seconds to import, once the inputs are known good
+        rows_note,
+        sft_trainer,
+    )
 
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path

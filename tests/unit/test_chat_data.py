@@ -190,32 +190,39 @@ def _loss_and_grads(model, batch):
     return out.loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
 
 
-def _packed_batch(tokenizer, examples: list[dict]) -> dict:
-    """The examples as the run batches them: packed by TRL's `pack_dataset` (bfd, SFTTrainer's default strategy)
-    and collated by its padding-free collator (one row, position_ids restarting per example)."""
+def _packed_batch(tokenizer, examples: list[dict], flatten: bool = False) -> dict:
+    """The examples as the run batches them: packed by TRL's `pack_dataset` (bfd, SFTTrainer's default strategy),
+    then flattened into one row by TRL's padding-free collator (flash attention), or one packed block per row
+    (`run.sft.PackedRows`, other attention); position_ids restart per example either way."""
     from trl import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from hf_zero3.run.sft import PackedRows
 
     rows = datasets.Dataset.from_list([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
     packed = pack_dataset(rows, BLOCK, "bfd")
     assert 1 < len(packed) < len(examples)  # several examples share a block
-    batch = DataCollatorForLanguageModeling(tokenizer.pad_token_id, padding_free=True)(list(packed))
-    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
+    collate = DataCollatorForLanguageModeling(tokenizer.pad_token_id, padding_free=True) if flatten \
+        else PackedRows(tokenizer.pad_token_id)
+    batch = collate(list(packed))
+    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == (1 if flatten else len(packed))
     # SFTTrainer's compute_loss turns the KV cache off, as the run's model config does: with one transformers would
     # not build the packed-sequence mask
     return {**{k: v for k, v in batch.items() if k != "seq_idx"}, "use_cache": False}
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("lora", [False, True])
-def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, lora):
+def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, flatten,
+                                                                     lora):
     """fp32, CPU: a micro batch of packed blocks, as TRL packs and collates them, gives the loss and gradients of its
     examples run alone, token-weighted (the mean over trained tokens); the whole model, and a LoRA adapter on a
     frozen base (the packing check looks through peft's wrapper)."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
     examples = [tok.chat(m) for m in conversations[:12]]
     model = _tiny_model(attention, lora)
-    packed_loss, packed_grads = _loss_and_grads(model, _packed_batch(tokenizer, examples))
+    packed_loss, packed_grads = _loss_and_grads(model, _packed_batch(tokenizer, examples, flatten))
 
     total = sum(sum(1 for t in e["labels"][1:] if t != IGNORE) for e in examples)
     alone_loss, alone_grads = 0.0, [torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
