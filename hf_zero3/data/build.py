@@ -19,10 +19,10 @@ from jinja2 import TemplateError
 
 from hf_zero3.data.arguments import DataArguments, DataSource, block_size_problem, sources_of
 from hf_zero3.data.errors import DataError
-from hf_zero3.data.formats import ROLES, as_messages, detect, messages_column_of, row_problems
+from hf_zero3.data.formats import ALPACA, ROLES, alpaca_row, as_messages, detect, messages_column_of, row_problems
 from hf_zero3.data.loading import dataset_problem, file_problem, load_file, load_hub, load_source
 from hf_zero3.data.packing import text_blocks
-from hf_zero3.data.tokenize import IGNORE, NotPrefixError, Tokenizer, chat_template_of
+from hf_zero3.data.tokenize import IGNORE, Tokenizer, chat_template_of
 
 PACK_BATCH_SIZE = 1000
 """Raw-text documents joined per map batch; each batch drops its own remainder (< block_size tokens)."""
@@ -123,15 +123,16 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
         for k, row in enumerate(indices):
             try:
                 if fmt == "chat":
-                    examples = [tok.chat(batch[chat_column][k], _tools(tools[k]))]
+                    examples = tok.chat_examples(batch[chat_column][k], _tools(tools[k]))
+                elif fmt == "alpaca":
+                    examples = [tok.prompt_completion(*alpaca_row(batch[ALPACA[0]][k], batch.get(ALPACA[1], [None] * (
+                        k + 1))[k], batch[ALPACA[2]][k], conversational=bool(tok.template)))]
                 elif fmt == "prompt_completion":
                     examples = [tok.prompt_completion(batch[source.prompt_column][k],
                                                       batch[source.completion_column][k], _tools(tools[k]))]
                 else:
                     text = batch[source.text_column][k]
                     examples = tok.document(text, block_size) if text and not text.isspace() else []
-            except NotPrefixError as e:
-                raise DataError(f"{label}, row {row + 1}: {e}") from None
             except TemplateError as e:
                 raise DataError(f"{label}, row {row + 1}: the chat template cannot render it ({e}). Fix the row, "
                                 "or set chat_template to a template that knows its roles.") from None
@@ -397,7 +398,7 @@ def data_problems(values: dict, load_tokenizer) -> tuple[list[str], set[str]]:
 def _render_sample(tok: Tokenizer, source: DataSource, fmt: str, rows: datasets.Dataset, data_args) -> None:
     """Render and mask a few rows: the template's failures (no template, a role it refuses, no assistant tokens
     marked) show before the run starts."""
-    if fmt == "text":
+    if fmt in ("text", "alpaca"):
         return
     column = messages_column_of(rows.column_names, source) if fmt == "chat" else source.prompt_column
     picked, roles = [0], set()

@@ -13,6 +13,7 @@ Every example's first label is -100: no token predicts it, and packed examples t
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 
@@ -65,12 +66,32 @@ def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) 
     return template
 
 
+def training_template(tokenizer, template: str) -> str | None:
+    """TRL's training version of a known template without `{% generation %}` markers (ChatML/Qwen2.5, Llama 3 and
+    3.1, Qwen3, Gemma, Phi, DeepSeek, ...: markers, and earlier turns rendered the same whatever follows); None
+    when TRL knows none."""
+    from trl.chat_template_utils import get_training_chat_template  # TRL takes seconds: only for chat data
+
+    probe = copy.copy(tokenizer)
+    probe.chat_template = template
+    try:
+        return get_training_chat_template(probe)
+    except ValueError:  # a template TRL has no training version of
+        return None
+
+
 class Tokenizer:
     """One tokenizer and chat template, turning rows of each format into {input_ids, labels}."""
 
     def __init__(self, tokenizer, template: str | None, *, train_on_inputs: bool, use_markers: bool | None = None):
         self.tok, self.template, self.train_on_inputs = tokenizer, template, train_on_inputs
-        self.use_markers = bool(template) and has_generation_markers(template) if use_markers is None else use_markers
+        self.from_trl = False
+        """The template is TRL's training version of the one given."""
+        if use_markers is None and template and not has_generation_markers(template) and not train_on_inputs:
+            if trained := training_template(tokenizer, template):
+                self.template, self.from_trl = trained, True
+        self.use_markers = bool(self.template) and has_generation_markers(self.template) if use_markers is None \
+            else use_markers
         self.eos = tokenizer.eos_token_id
         vocab = tokenizer.get_vocab()
         self.stops = {self.eos} | {vocab[t] for t in END_OF_TURN if t in vocab}
@@ -84,8 +105,38 @@ class Tokenizer:
     def _ids(self, text: str, offsets: bool = False):
         return self.tok(text, add_special_tokens=False, return_offsets_mapping=offsets)
 
-    def chat(self, turns: list, tools=None) -> dict:
+    def _messages(self, turns: list) -> list[dict]:
+        """`as_messages`, with a developer turn rendered as a system turn by a template that does not know the role."""
         messages = as_messages(turns)
+        if self.template and "developer" not in self.template:
+            messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+        return messages
+
+    def chat_examples(self, turns: list, tools=None) -> list[dict]:
+        """The conversation as one example; where the template renders earlier turns differently once later ones
+        follow (some drop past reasoning), one example per assistant turn, each rendered as the template renders
+        that turn's context at inference, only that turn trained."""
+        try:
+            return [self.chat(turns, tools)]
+        except NotPrefixError:
+            messages = self._messages(turns)
+            return [self._masked(self.render(messages[: i + 1], tools), [self._span(messages[: i + 1], i, tools)])
+                    for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+    def _span(self, messages: list[dict], i: int, tools) -> tuple[int, int]:
+        """The characters of assistant turn `i` in the rendering of `messages` up to it."""
+        through = self.render(messages[: i + 1], tools)
+        if i:
+            before = self.render(messages[:i], tools, add_generation_prompt=True)
+        else:  # the preamble a template puts first (a default system prompt, a date) is not the assistant's
+            probe = {**messages[i], "content": _PROBE + (messages[i].get("content") or "")}
+            before = through[:_common_prefix_text(self.render([probe], tools), through)]
+        if not through.startswith(before):
+            raise NotPrefixError(i)
+        return len(before), max(len(before), len(through.rstrip()))
+
+    def chat(self, turns: list, tools=None) -> dict:
+        messages = self._messages(turns)
         if self.train_on_inputs:
             ids = self._ids(self.render(messages, tools))["input_ids"]
             return _example(ids, ids)
@@ -98,17 +149,10 @@ class Tokenizer:
         text = self.render(messages, tools)
         spans = []
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            through = self.render(messages[: i + 1], tools)
-            if i:
-                before = self.render(messages[:i], tools, add_generation_prompt=True)
-            else:  # the preamble a template puts first (a default system prompt, a date) is not the assistant's
-                probe = {**message, "content": _PROBE + (message.get("content") or "")}
-                before = through[:_common_prefix_text(self.render([probe], tools), through)]
-            if not (through.startswith(before) and text.startswith(through)):
-                raise NotPrefixError(i)
-            spans.append((len(before), max(len(before), len(through.rstrip()))))
+            if message["role"] == "assistant":
+                spans.append(self._span(messages, i, tools))
+                if not text.startswith(self.render(messages[: i + 1], tools)):
+                    raise NotPrefixError(i)
         return self._masked(text, spans)
 
     def _train_end_of_turn(self, ids: list[int], mask: list[int]) -> None:
@@ -140,7 +184,7 @@ class Tokenizer:
                 raise DataError("prompt and completion hold conversations, but the tokenizer has no chat template to "
                                 "render them: set chat_template to a .jinja file, or give prompt and completion as "
                                 "text.")
-            prompt, completion = as_messages(prompt), as_messages(completion)
+            prompt, completion = self._messages(prompt), self._messages(completion)
             ids = self._ids(self.render(prompt + completion, tools))["input_ids"]
             prompt_ids = self._ids(self.render(prompt, tools, add_generation_prompt=True))["input_ids"]
         if self.train_on_inputs:

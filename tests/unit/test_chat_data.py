@@ -149,12 +149,37 @@ def test_train_on_inputs_trains_every_token_but_the_first(tokenizer, conversatio
     assert example["labels"][1:] == example["input_ids"][1:] and example["labels"][0] == IGNORE
 
 
-def test_a_template_that_rewrites_earlier_turns_is_an_error_naming_the_ways_out(tokenizer):
+def test_a_template_that_drops_earlier_thinking_trains_each_turn_in_the_context_it_renders(tokenizer):
+    """Where earlier turns render differently once later ones follow (reasoning templates that drop past thinking,
+    and that TRL has no training version of), each assistant turn is an example of its own: its context rendered
+    as the template renders it at inference (earlier thinking dropped), only that turn trained."""
     tok = Tokenizer(tokenizer, DROPS_THINKING, train_on_inputs=False)
-    single = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>hello"}]
-    assert trained_text(tokenizer, tok.chat(single))  # one turn: prefixes hold
-    with pytest.raises(DataError, match=r"turn 1.*\{% generation %\}.*train_on_inputs"):
-        tok.chat([*single, {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye"}])
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>hello"},
+             {"role": "user", "content": "and?"}, {"role": "assistant", "content": "<think>y</think>bye"}]
+    first, second = tok.chat_examples(turns)
+    assert [r.strip() for r in trained_text(tokenizer, first)] == ["<think>x</think>hello</a>"]
+    assert [r.strip() for r in trained_text(tokenizer, second)] == ["<think>y</think>bye</a>"]
+    assert "<think>x" not in tokenizer.decode(second["input_ids"]) and "hello" in tokenizer.decode(second["input_ids"])
+
+
+def test_text_parts_a_developer_turn_and_alpaca_rows_train_without_a_template_of_ours(tmp_path, training_args,
+                                                                                       tokenizer):
+    tok = Tokenizer(tokenizer, QWEN25_TEMPLATE, train_on_inputs=False)  # knows no developer role: rendered as system
+    parts = [{"role": "developer", "content": "be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "say "}, {"type": "text", "text": "moo."}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "moo."}]}]
+    example = tok.chat_examples(parts)[0]
+    assert "<|im_start|>system\nbe brief." in tokenizer.decode(example["input_ids"]) and "say moo." in \
+        tokenizer.decode(example["input_ids"])
+    assert [r.strip() for r in trained_text(tokenizer, example)] == ["moo.<|im_end|>"]
+    alpaca = write_jsonl(tmp_path / "alpaca.jsonl", [
+        {"instruction": "name the animal.", "input": "it says moo.", "output": "a cow."},
+        {"instruction": "say hello.", "input": "", "output": "hello."}])
+    prepared = build(training_args, tokenizer, train_file=str(alpaca))
+    runs = [[r.strip() for r in trained_text(tokenizer, dict(zip(("input_ids", "labels"), row)))]
+            for row in zip(prepared.train["input_ids"], prepared.train["labels"])]
+    assert runs == [["a cow.</s>"], ["hello.</s>"]]
+    assert "it says moo." in tokenizer.decode(prepared.train["input_ids"][0])
 
 
 def test_prompt_completion_trains_the_completion_and_eos(tokenizer):
@@ -348,8 +373,9 @@ GOOD = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel
 
 @pytest.mark.parametrize("rows, needles", [
     ([{"text": "no messages"}], ["no column 'messages'"]),
-    ([{"messages": GOOD}, {"messages": [{"role": "bot", "content": "x"}]}], ["line 2", "role 'bot'", "system, user"]),
-    ([{"messages": [{"role": "user", "content": ["a", "b"]}, GOOD[1]]}], ["line 1", "content of type list"]),
+    ([{"messages": GOOD}, {"messages": [{"role": "bot", "content": "x"}]}], ["line 2", "role 'bot'", "system, developer"]),
+    ([{"messages": [{"role": "user", "content": [{"type": "image", "url": "x"}]}, GOOD[1]]}],
+     ["line 1", "content parts of type image", "only text parts"]),
     ([{"messages": GOOD}, {"messages": []}], ["line 2", "empty conversation"]),
     ([{"messages": [GOOD[0]]}], ["no assistant turn", "train_on_inputs"]),
     ([{"messages": [{"role": "user"}, GOOD[1]]}], ["turn 0 (user) has no content"]),
