@@ -1,11 +1,11 @@
 """Examples as token ids and labels, -100 where the model should not learn.
 
 Chat is rendered by the tokenizer's own chat template (`apply_chat_template`). The loss mask comes from the
-rendered conversation, never from searching its text: a template with `{% generation %}` markers gives it through
-`return_assistant_tokens_mask`; for any other template each assistant turn's characters are found by rendering the
-conversation up to that turn (with and without the generation prompt) and every token overlapping them is trained,
-the rule transformers applies to its generation spans. A template that renders earlier turns differently once
-later ones follow (some drop past reasoning) has no such prefixes: that is an error naming the ways out.
+rendered conversation, never from searching its text: a template with `{% generation %}` markers (or TRL's training
+version of a known template) gives it through `return_assistant_tokens_mask`; for any other template each assistant
+turn's characters are found by rendering the conversation up to that turn (with and without the generation prompt)
+and every token overlapping them is trained, the rule transformers applies to its generation spans. A template that
+renders earlier turns differently once later ones follow (some drop past reasoning) trains one example per turn.
 Prompt/completion follows TRL: the completion starts where the tokenized prompt and prompt + completion diverge.
 
 Every example's first label is -100: no token predicts it, and packed examples then never predict each other.
@@ -132,7 +132,7 @@ class Tokenizer:
             probe = {**messages[i], "content": _PROBE + (messages[i].get("content") or "")}
             before = through[:_common_prefix_text(self.render([probe], tools), through)]
         if not through.startswith(before):
-            raise NotPrefixError(i)
+            raise NotPrefixError(f"turn {i} renders differently once later turns follow")
         return len(before), max(len(before), len(through.rstrip()))
 
     def chat(self, turns: list, tools=None) -> dict:
@@ -152,7 +152,7 @@ class Tokenizer:
             if message["role"] == "assistant":
                 spans.append(self._span(messages, i, tools))
                 if not text.startswith(self.render(messages[: i + 1], tools)):
-                    raise NotPrefixError(i)
+                    raise NotPrefixError(f"turn {i} renders differently once later turns follow")
         return self._masked(text, spans)
 
     def _train_end_of_turn(self, ids: list[int], mask: list[int]) -> None:
@@ -201,15 +201,8 @@ class Tokenizer:
 
 
 class NotPrefixError(DataError):
-    """The chat template renders a conversation's earlier turns differently once later turns follow."""
-
-    def __init__(self, turn: int):
-        super().__init__(
-            f"the chat template renders turn {turn} (assistant) differently once later turns follow it, so the "
-            "assistant's tokens cannot be located from the rendered conversation. Use a chat template with "
-            "{% generation %} ... {% endgeneration %} around each assistant message (chat_template: a .jinja file; "
-            "TRL's training templates are such), split multi-turn conversations into one example per assistant "
-            "turn, or set train_on_inputs true.")
+    """The chat template renders a conversation's earlier turns differently once later turns follow
+    (`Tokenizer.chat_examples` then trains one example per assistant turn)."""
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

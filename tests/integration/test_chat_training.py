@@ -37,6 +37,8 @@ def test_a_chat_file_trains_packed_with_loss_on_the_responses(tmp_path):
     assert "hf_zero3: data: 3000 train examples" in proc.stdout and " packed train rows of 256 tokens" in proc.stdout
     record = evals(out)
     assert 0 < record["eval_mean_token_accuracy"] < 1 and torch.isfinite(torch.tensor(record["eval_loss"]))
+    first = train_log(out)[0]  # TRL's SFTTrainer ran: its per-step extras are logged beside our own
+    assert 0 <= first["mean_token_accuracy"] < 1 and first["entropy"] > 0 and first["step_time_s"] > 0
     assert "eval_perplexity" in record
 
 
