@@ -101,14 +101,13 @@ def padding_share(lengths: list[int], micro: int, seed: int = 0, shuffles: int =
 
 
 def packed_share(lengths: list[int]) -> tuple[float, int]:
-    """The padding share of best-fit-decreasing packing into BLOCK-token rows (hf_zero3.data.packing), and its rows."""
-    import sys
+    """The padding share of best-fit-decreasing packing into BLOCK-token rows (TRL's `pack_dataset`, as the run packs),
+    and its rows."""
+    import datasets
+    from trl import pack_dataset
 
-    sys.path.insert(0, str(ROOT))
-    from hf_zero3.data.packing import best_fit_decreasing
-
-    bins = best_fit_decreasing(lengths, BLOCK)
-    return 1 - sum(lengths) / (len(bins) * BLOCK), len(bins)
+    rows = len(pack_dataset(datasets.Dataset.from_dict({"input_ids": [[0] * n for n in lengths]}), BLOCK, "bfd"))
+    return 1 - sum(lengths) / (rows * BLOCK), rows
 
 
 def _run(folder: Path) -> dict:
@@ -123,7 +122,7 @@ def _run(folder: Path) -> dict:
             "first_step_s": steps[0]["step_time_s"] if steps else math.nan,
             "losses": [r["loss"] for r in steps], "eval_loss": final.get("eval_loss", math.nan),
             "start_eval_loss": start.get("eval_loss", math.nan),
-            "eval_token_accuracy": final.get("eval_token_accuracy", math.nan),
+            "eval_token_accuracy": final.get("eval_mean_token_accuracy", math.nan),
             "peak_gib": max((r.get("gpu_peak_allocated_gib", r.get("peak_allocated_gb", 0)) for r in records),
                             default=0)}
 

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch = verbs.add_parser("launch", help="run a recipe with DeepSpeed's launcher (what recipes/*/launch.sh does)",
                               add_help=False)
     launch.set_defaults(func=None)
+    data = verbs.add_parser("data", help="what train would train on: counts and examples with the trained tokens "
+                                         "marked (no GPU, no weights)", add_help=False)
+    data.set_defaults(func=None)
     return parser
 
 
@@ -46,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from hf_zero3.run.train import main as train_main  # the Trainer stack: seconds, for train only
 
         return train_main(argv[1:])
+    if argv[:1] == ["data"]:  # train's YAML and overrides, plus --show N and --json
+        from hf_zero3.cli.data import main as data_main
+
+        return data_main(argv[1:])
     if argv[:1] == ["launch"]:  # its own parser: a recipe folder, its overrides and the launch environment
         from hf_zero3.run.launch import main as launch_main  # it execs DeepSpeed: no verb parsers
 

@@ -113,20 +113,11 @@ def _adapter(args: argparse.Namespace, shape):
     weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3 import recipes
-    from hf_zero3.plan.lora import adapter
     from hf_zero3.run import lora
 
     recipe = recipes.find(args.model) if args.model else None
     block = recipe.values.get("peft") if recipe is not None else None
-    if args.lora_rank:
-        spec = lora.parse({"r": args.lora_rank})
-    elif block is not None:
-        spec = lora.parse(block)
-    else:
-        return None
-    if args.lora_dropout is not None:
-        spec = lora.parse({**spec.model_dump(), "dropout": args.lora_dropout})
-    return adapter(shape, spec.r, spec.target_modules, spec.dropout)
+    return lora.planned(shape, block, args.lora_rank, args.lora_dropout)
 
 
 def main(args: argparse.Namespace) -> int:

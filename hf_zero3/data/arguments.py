@@ -78,7 +78,8 @@ class DataArguments:
         default=None, metadata={"help": "Processes for tokenization and packing."}
     )
     max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep at most this many train blocks (quick runs, tests)."}
+        default=None, metadata={"help": "Keep at most this many train rows: raw-text blocks, or chat and "
+                                        "prompt/completion examples before packing (quick runs, tests)."}
     )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep at most this many eval blocks."}

@@ -2,9 +2,10 @@
 
 Raw text alone keeps the pre-training layout: documents joined with EOS, cut into full blocks, every token trained.
 As soon as a source is chat or prompt/completion, every source becomes examples ({input_ids, labels}): rendered,
-masked, checked against block_size (dropped or truncated, and counted), mixed by weight or count, then packed into
-blocks without cross-talk, or left one per row for padding. Every step goes through `datasets.map`, so results are
-cached by fingerprint and built once, on rank 0 first (the caller's `main_process_first`).
+masked, checked against block_size (dropped or truncated, and counted) and mixed by weight or count. TRL's
+`SFTTrainer` takes them from there: it packs them best-fit into block_size rows (or pads one per row) and batches
+them (`run.sft`). Every step goes through `datasets.map`, so results are cached by fingerprint and built once, on
+rank 0 first (the caller's `main_process_first`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ from jinja2 import TemplateError, TemplateSyntaxError
 
 from hf_zero3.data.arguments import DataArguments, DataSource, block_size_problem, sources_of
 from hf_zero3.data.errors import DataError
-from hf_zero3.data.formats import ROLES, as_messages, detect, messages_column_of, row_problems, tools_of
+from hf_zero3.data.formats import (ALPACA, ROLES, alpaca_row, as_messages, detect, messages_column_of, row_problems,
+                                   tools_of)
 from hf_zero3.data.loading import dataset_problem, file_problem, load_file, load_hub, load_source
-from hf_zero3.data.packing import pack_examples, text_blocks
+from hf_zero3.data.packing import text_blocks
 from hf_zero3.data.tokenize import IGNORE, NotPrefixError, Tokenizer, chat_template_of
 from hf_zero3.parsing import ParseError
 
 PACK_BATCH_SIZE = 1000
 """Raw-text documents joined per map batch; each batch drops its own remainder (< block_size tokens)."""
-
-PACK_EXAMPLES = 10_000
-"""Examples packed together per map batch (best-fit decreasing fills blocks better the more it sees at once)."""
 
 BLOCKS, PACKED, PADDED = "blocks", "packed", "padded"
 """How the train data is batched: full raw-text blocks, packed examples with position_ids, one example per row."""
@@ -40,11 +39,15 @@ class Prepared:
     train: datasets.Dataset
     eval: datasets.Dataset | None
     layout: str
-    tokens_per_row: float
-    """Mean real (not padding) tokens per train row: what a step's token count is made of."""
+    tokens: int
+    """Real (not padding) train tokens: divided by the rows TRL makes of them, what a step's token count is made of."""
     attended: float
     """Token-weighted mean length of the sequences tokens attend within (the S of 12·L·H·S attention FLOPs)."""
     notes: list[str] = field(default_factory=list)
+    trained: int = 0
+    """Train tokens with a label (what the loss is on)."""
+    dropped: int = 0
+    """Train examples dropped: longer than block_size (overlong: drop), or with no trained token."""
 
 
 def _what(data_args: DataArguments, i: int) -> str:
@@ -87,6 +90,18 @@ def _validation_rows(data_args: DataArguments) -> tuple[DataSource, str, dataset
     return source, found, rows
 
 
+def _validation_problem(formats: set[str], validation) -> str | None:
+    """Raw text evaluated against chat or prompt/completion training (or the other way round) measures a loss the
+    run does not train: refused, naming the way out."""
+    if validation is None or (validation[1] == "text") == (formats == {"text"}):
+        return None
+    trained = "raw text" if formats == {"text"} else " and ".join(sorted(formats - {"text"}))
+    return (f"validation_file {validation[0].label!r} is {'raw text' if validation[1] == 'text' else validation[1]} "
+            f"but the training data is {trained}, so its eval loss would measure something the run does not train: "
+            "give a validation_file of the training data's format, or set validation_file to null (with "
+            "validation_split_percentage to hold out training rows instead).")
+
+
 def _tokenizer_for(data_args: DataArguments, tokenizer, tokenizer_name: str, formats: set[str]) -> Tokenizer:
     """Chat needs a template (the user's or the tokenizer's); prompt/completion uses one only for conversational
     rows, and says so when it has none."""
@@ -109,7 +124,10 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
         for k, row in enumerate(indices):
             try:
                 if fmt == "chat":
-                    examples = [tok.chat(batch[chat_column][k], _tools(tools[k]))]
+                    examples = tok.chat_examples(batch[chat_column][k], _tools(tools[k]))
+                elif fmt == "alpaca":
+                    examples = [tok.prompt_completion(*alpaca_row(batch[ALPACA[0]][k], batch.get(ALPACA[1], [None] * (
+                        k + 1))[k], batch[ALPACA[2]][k], conversational=bool(tok.template)))]
                 elif fmt == "prompt_completion":
                     examples = [tok.prompt_completion(batch[source.prompt_column][k],
                                                       batch[source.completion_column][k], _tools(tools[k]))]
@@ -141,7 +159,7 @@ def _tools(value):
 
 
 def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_args: dict) -> tuple[
-        datasets.Dataset, list[str]]:
+        datasets.Dataset, list[str], int]:
     """Examples longer than block_size dropped or truncated (counted), and any left with nothing to train dropped."""
     block, notes, n = data_args.block_size, [], len(examples)
     long = sum(1 for length in examples["length"] if length > block)
@@ -163,7 +181,7 @@ def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_a
                                    desc=f"drop untrained {label} examples", **map_args)
         notes.append(f"{label}: dropped {untrained} examples with no trained token"
                      + (" left after truncation" if long and data_args.overlong == "truncate" else ""))
-    return examples, notes
+    return examples, notes, n - len(examples)
 
 
 def _mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int) -> tuple[datasets.Dataset, list[str]]:
@@ -191,6 +209,33 @@ def _mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int) -> tuple[d
     return mixed, notes
 
 
+def _end_of_turn_note(tok: Tokenizer, sources) -> list[str]:
+    """Says so when the template's generation markers leave the assistant's end-of-turn token out (it is trained
+    with the turn all the same), found on the first chat row (the map may have run in other processes, or not at
+    all when its result was cached)."""
+    for source, fmt, rows in sources:
+        if fmt == "chat" and tok.use_markers and not tok.train_on_inputs:
+            column = messages_column_of(rows.column_names, source)
+            tok.chat(rows[0][column], _tools(rows[0].get("tools")))
+            break
+    if tok.end_of_turn_outside is None:
+        return []
+    return [f"the chat template's {{% generation %}} markers leave {tok.end_of_turn_outside} out of the assistant's "
+            "turns; it is trained with each turn all the same, so the model learns to stop"]
+
+
+def _mixed_and_held_out(parts: list[tuple[DataSource, datasets.Dataset]], pct: int, seed: int) -> tuple[
+        datasets.Dataset, datasets.Dataset | None, list[str]]:
+    """The training mixture and, with `validation_split_percentage`, the rows held out of it: each source split
+    before it is mixed, so a row repeated by its weight or count is never in both."""
+    held = []
+    if pct:
+        splits = [(source, *_split(ds, pct, seed)) for source, ds in parts]
+        parts, held = [(source, train) for source, train, _ in splits], [test for _, _, test in splits]
+    train, notes = _mix(parts, seed)
+    return train, datasets.concatenate_datasets(held) if held else None, notes
+
+
 def _split(train: datasets.Dataset, pct: int, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
     if not 0 < pct < 100:
         raise DataError(f"validation_split_percentage={pct}; it must be between 1 and 99 (or 0 for none).")
@@ -205,74 +250,63 @@ def _split(train: datasets.Dataset, pct: int, seed: int) -> tuple[datasets.Datas
 def build_datasets(data_args: DataArguments, tokenizer, training_args, max_positions: int,
                    tokenizer_name: str = "the model") -> Prepared:
     """Train and eval datasets, built on rank 0 first (the others read its cache)."""
+    with training_args.main_process_first(desc="load, tokenize and pack"):
+        return build_examples(data_args, tokenizer, training_args.seed, max_positions, tokenizer_name)
+
+
+def build_examples(data_args: DataArguments, tokenizer, seed: int, max_positions: int,
+                   tokenizer_name: str = "the model") -> Prepared:
+    """`build_datasets` in this process alone (no process group): what `hf-zero3 data` shows."""
     if problem := block_size_problem(data_args.block_size, max_positions):
         raise DataError(problem)
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos_token; set one (documents and completions end with EOS).")
-    with training_args.main_process_first(desc="load, tokenize and pack"):
-        return _build(data_args, tokenizer, training_args.seed, tokenizer_name)
-
-
-def _build(data_args: DataArguments, tokenizer, seed: int, tokenizer_name: str) -> Prepared:
     sources = _formats_and_rows(data_args)
     validation = _validation_rows(data_args)
     formats = {fmt for _, fmt, _ in sources}
     map_args = dict(num_proc=data_args.preprocessing_num_workers, load_from_cache_file=not data_args.overwrite_cache)
+    if problem := _validation_problem(formats, validation):
+        raise DataError(problem)
     if formats == {"text"}:
         return _text_blocks(data_args, tokenizer, sources, validation, seed, map_args)
     tok = _tokenizer_for(data_args, tokenizer, tokenizer_name, formats | ({validation[1]} if validation else set()))
-    notes, parts = [], []
+    notes, parts, dropped = [], [], 0
     for i, (source, fmt, rows) in enumerate(sources):
         label = source.label
         examples = rows.map(_examples_fn(tok, source, fmt, rows.column_names, data_args.block_size, label),
                             batched=True, with_indices=True, remove_columns=rows.column_names,
                             desc=f"tokenize {label} ({fmt})", **map_args)
-        examples, fitted = _fit(examples, data_args, label, map_args)
+        examples, fitted, lost = _fit(examples, data_args, label, map_args)
         notes += fitted
+        dropped += lost
         if len(examples) == 0:
             raise DataError(f"{_what(data_args, i)} {label!r} has no example that fits block_size="
                             f"{data_args.block_size}; raise block_size or set overlong: truncate.")
         parts.append((source, examples))
-    train, mixed = _mix(parts, seed)
+    notes += _end_of_turn_note(tok, sources)
+    train, evaluation, mixed = _mixed_and_held_out(parts, 0 if validation else data_args.validation_split_percentage,
+                                                   seed)
     notes += mixed
-    evaluation = None
     if validation is not None:
         source, fmt, rows = validation
         evaluation = rows.map(_examples_fn(tok, source, fmt, rows.column_names, data_args.block_size, source.label),
                               batched=True, with_indices=True, remove_columns=rows.column_names,
                               desc=f"tokenize {source.label} ({fmt})", **map_args)
-        evaluation, fitted = _fit(evaluation, data_args, source.label, map_args)
+        evaluation, fitted, _ = _fit(evaluation, data_args, source.label, map_args)
         notes += fitted
-    elif data_args.validation_split_percentage:
-        train, evaluation = _split(train, data_args.validation_split_percentage, seed)
     lengths, trained = train["length"], sum(train["trained"])
     tokens = sum(lengths)
     attended = sum(n * n for n in lengths) / max(tokens, 1)
-    layout = PACKED if data_args.packing else PADDED
-    columns = ["input_ids", "labels", "length", "trained"]
-    if data_args.packing:
-        pack = dict(batched=True, batch_size=PACK_EXAMPLES, fn_kwargs={"block_size": data_args.block_size},
-                    remove_columns=columns, **map_args)
-        train = train.map(pack_examples, desc=f"pack train into {data_args.block_size}-token blocks", **pack)
-        if evaluation is not None:
-            evaluation = evaluation.map(pack_examples, desc=f"pack eval into {data_args.block_size}-token blocks",
-                                        **pack)
-    else:
-        train = train.remove_columns(columns[2:])
-        evaluation = evaluation.remove_columns(columns[2:]) if evaluation is not None else None
-    rows = "blocks" if data_args.packing else "examples"
-    notes.append(f"{len(train)} train {rows} of {len(lengths)} examples: {tokens} tokens"
-                 + (f" ({tokens / len(train) / data_args.block_size:.1%} of the blocks' room)" if data_args.packing
-                    else "") + f", {trained} trained ({trained / max(tokens, 1):.0%})")
-    return _limited(Prepared(train, evaluation, layout, tokens / max(len(train), 1), attended, notes), data_args)
+    train = train.remove_columns(["length", "trained"])
+    evaluation = evaluation.remove_columns(["length", "trained"]) if evaluation is not None else None
+    notes.append(f"{len(lengths)} train examples: {tokens} tokens, {trained} trained ({trained / max(tokens, 1):.0%})")
+    return _limited(Prepared(train, evaluation, PACKED if data_args.packing else PADDED, tokens, attended, notes,
+                             trained, dropped), data_args)
 
 
 def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> Prepared:
     """Raw text only: documents tokenized, EOS-terminated, joined and cut into full blocks."""
     eos, block = tokenizer.eos_token_id, data_args.block_size
-    if validation is not None and validation[1] != "text":
-        raise DataError(f"validation_file is {validation[1]} data but the training data is raw text: give a raw-text "
-                        "validation file, or train on the same format.")
 
     def documents(column):
         def tokenize(batch):
@@ -288,12 +322,13 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
                         desc=f"tokenize {name}", **map_args)
 
     parts = [(source, tokenized(source, rows, source.label)) for source, _, rows in sources]
-    train_docs, notes = _mix(parts, seed) if len(parts) > 1 else (parts[0][1], [])
+    train_docs, held_out, notes = _mixed_and_held_out(
+        parts, 0 if validation else data_args.validation_split_percentage, seed)
     splits = {"train": train_docs}
     if validation is not None:
         splits["validation"] = tokenized(validation[0], validation[2], "validation")
-    elif data_args.validation_split_percentage:
-        splits["train"], splits["validation"] = _split(train_docs, data_args.validation_split_percentage, seed)
+    elif held_out is not None:
+        splits["validation"] = held_out
     blocks = {name: docs.map(text_blocks, batched=True, batch_size=PACK_BATCH_SIZE, fn_kwargs={"block_size": block},
                              desc=f"pack {name} into {block}-token blocks", **map_args)
               for name, docs in splits.items()}
@@ -306,12 +341,16 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
                                 "non-empty text.")
             raise DataError(f"the {name} data has only {n_tokens} tokens, fewer than one block (block_size={block}); "
                             f"use a smaller block_size (<= {n_tokens}) or more data.")
-    return _limited(Prepared(blocks["train"], blocks.get("validation"), BLOCKS, block, block, notes), data_args)
+    total = block * len(blocks["train"])
+    return _limited(Prepared(blocks["train"], blocks.get("validation"), BLOCKS, total, block, notes, total),
+                    data_args)
 
 
 def _limited(prepared: Prepared, data_args: DataArguments) -> Prepared:
-    if data_args.max_train_samples is not None:
-        prepared.train = prepared.train.select(range(min(data_args.max_train_samples, len(prepared.train))))
+    if data_args.max_train_samples is not None and data_args.max_train_samples < len(prepared.train):
+        prepared.train = prepared.train.select(range(data_args.max_train_samples))
+        prepared.tokens = sum(map(len, prepared.train["input_ids"]))
+        prepared.trained = sum(sum(t != IGNORE for t in x) for x in prepared.train["labels"])
     if prepared.eval is not None and data_args.max_eval_samples is not None:
         prepared.eval = prepared.eval.select(range(min(data_args.max_eval_samples, len(prepared.eval))))
     return prepared
@@ -347,6 +386,8 @@ def data_problems(values: dict, load_tokenizer) -> tuple[list[str], set[str]]:
         validation = _validation_rows(data_args)
     except DataError as e:
         return [str(e)], set()
+    if problem := _validation_problem({fmt for _, fmt, _ in loaded}, validation):
+        return [problem], set()
     checked = loaded + ([validation] if validation else [])
     formats = {fmt for _, fmt, _ in checked}
     if formats <= {"text"} or load_tokenizer is None:
@@ -364,7 +405,7 @@ def data_problems(values: dict, load_tokenizer) -> tuple[list[str], set[str]]:
 def _render_sample(tok: Tokenizer, source: DataSource, fmt: str, rows: datasets.Dataset, data_args) -> None:
     """Render and mask a few rows: the template's failures (no template, a role it refuses, no assistant tokens
     marked) show before the run starts."""
-    if fmt == "text":
+    if fmt in ("text", "alpaca"):
         return
     column = messages_column_of(rows.column_names, source) if fmt == "chat" else source.prompt_column
     picked, roles = [0], set()

@@ -11,11 +11,14 @@ from hf_zero3.data.arguments import DataSource
 from hf_zero3.data.errors import DataError
 from hf_zero3.parsing import ParseError, parse_json
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 """The roles a chat turn may have; the tokenizer's chat template decides how each is rendered."""
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool"}
 """ShareGPT's `conversations` turns ({from, value}) read as {role, content}."""
+
+ALPACA = ("instruction", "input", "output")
+"""Alpaca's columns: trained as a prompt (the instruction, then the input when there is one) and its completion."""
 
 SHOWN = 5
 """Bad rows listed in one error; the rest are counted."""
@@ -43,6 +46,8 @@ def detect(columns: list[str], source: DataSource, what: str) -> str:
             return fmt
     if "conversations" in columns:
         return "chat"
+    if ALPACA[0] in columns and ALPACA[2] in columns:
+        return "alpaca"
     raise DataError(f"{what} {source.label!r} has columns {columns}, which fit no format: chat needs a "
                     f"{source.messages_column!r} column (a list of {{role, content}} turns), prompt_completion needs "
                     f"{source.prompt_column!r} and {source.completion_column!r}, raw text needs {source.text_column!r}. "
@@ -54,14 +59,39 @@ def messages_column_of(columns: list[str], source: DataSource) -> str:
 
 
 def as_messages(turns: list) -> list[dict]:
-    """Turns as {role, content, ...} dicts: ShareGPT's {from, value} mapped, keys holding None dropped."""
+    """Turns as {role, content, ...} dicts: ShareGPT's {from, value} mapped, content given as a list of text parts
+    joined into its text, keys holding None dropped."""
     messages = []
     for turn in turns:
         if "from" in turn and "role" not in turn:
             turn = {"role": SHAREGPT_ROLES.get(turn["from"], turn["from"]), "content": turn.get("value"),
                     **{k: v for k, v in turn.items() if k not in ("from", "value")}}
+        content = turn.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            turn = {**turn, "content": "".join(part.get("text") or "" for part in turn["content"])}
         messages.append({k: v for k, v in turn.items() if v is not None})
     return messages
+
+
+def alpaca_row(instruction: str, given: str | None, output: str, conversational: bool) -> tuple:
+    """An Alpaca row as (prompt, completion): a user turn and the assistant's where a chat template renders them,
+    else text."""
+    prompt = instruction + (f"\n\n{given}" if given else "")
+    if conversational:
+        return [{"role": "user", "content": prompt}], [{"role": "assistant", "content": output}]
+    return prompt + "\n\n", output
+
+
+def _content_problem(content, role: str, k: int) -> str | None:
+    if isinstance(content, list):
+        kinds = {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content}
+        if kinds - {"text"}:
+            return (f"turn {k} ({role}) has content parts of type {', '.join(sorted(map(str, kinds - {'text'})))}; "
+                    "only text parts ({type: text, text: ...}) are trained")
+        return None
+    if content is not None and not isinstance(content, str):
+        return f"turn {k} ({role}) has content of type {type(content).__name__}; content must be text"
+    return None
 
 
 def turns_problem(turns, *, need_assistant: bool) -> str | None:
@@ -80,8 +110,8 @@ def turns_problem(turns, *, need_assistant: bool) -> str | None:
         content = turn.get("content")
         if content is None and not (role == "assistant" and turn.get("tool_calls")):
             return f"turn {k} ({role}) has no content"
-        if content is not None and not isinstance(content, str):
-            return f"turn {k} ({role}) has content of type {type(content).__name__}; content must be text"
+        if problem := _content_problem(content, role, k):
+            return problem
     if need_assistant and not any(t.get("role") == "assistant" for t in as_messages(turns)):
         return ("has no assistant turn, so nothing in it is trained (the loss is on the assistant's turns): drop it, "
                 "or set train_on_inputs true to train on every token")
@@ -140,8 +170,8 @@ def row_problems(ds: datasets.Dataset, fmt: str, source: DataSource, what: str, 
             raise DataError(f"text_column {column!r} of {what} {source.label!r} holds {ds.features[column]}, not "
                             "text; point text_column at a string column.")
         return
-    columns = ([messages_column_of(ds.column_names, source)] if fmt == "chat"
-               else [source.prompt_column, source.completion_column])
+    columns = ([messages_column_of(ds.column_names, source)] if fmt == "chat" else [ALPACA[0], ALPACA[2]]
+               if fmt == "alpaca" else [source.prompt_column, source.completion_column])
     tools = ["tools"] if "tools" in ds.column_names else []
     for start in range(0, len(ds), SCAN_BATCH):
         batch = ds[start:start + SCAN_BATCH]

@@ -1,13 +1,37 @@
-"""Blocks of at most `block_size` tokens.
+"""Whether packed examples stay apart in a given model.
 
-Raw text is joined with EOS and cut into full blocks (pre-training style: documents run into each other, and no
-token is padding). Chat and prompt/completion examples are packed whole, best-fit decreasing, and each keeps its own
-`position_ids` from 0, which is what lets attention keep examples apart (`hf_zero3.data.collate`)."""
+TRL packs chat and prompt/completion examples best-fit into `block_size` rows (`trl.pack_dataset`, strategy bfd) and
+its collator flattens a micro batch into one row whose `position_ids` restart at 0 for every example, with no
+attention mask. transformers turns those position_ids into attention that never crosses an example: flash-attention
+kernels run varlen; SDPA, eager and flex attention get a block-diagonal causal mask from `masking_utils`. A model
+that builds its mask another way (or keeps a recurrent state) would mix the examples of a row: `packing_problem`
+finds that before training starts. Raw text keeps the pre-training layout: documents joined with EOS and cut into
+full blocks, every token trained."""
 
 from __future__ import annotations
 
-import bisect
+import sys
 from itertools import chain
+
+MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_masks_for_generate")
+"""transformers.masking_utils functions that honour packed position_ids."""
+
+
+def attention_of(model) -> str:
+    return getattr(model.config, "_attn_implementation", None) or "eager"
+
+
+def packing_problem(model_class: type, attention: str) -> str | None:
+    """Why packing would let one example attend to another in a model of this class with this attention kernel
+    (None: it would not)."""
+    if "flash" in attention:  # varlen kernels over the flattened row
+        return None
+    module = sys.modules.get(model_class.__module__)
+    if module is not None and any(hasattr(module, name) for name in MASK_BUILDERS):
+        return None
+    return (f"packing puts several examples in one block, and {model_class.__name__} ({attention} attention) does "
+            "not build its attention mask from position_ids, so they would attend to each other (or share a "
+            "recurrent state): set packing false (one example per row, padded)")
 
 
 def text_blocks(batch: dict, block_size: int) -> dict:
@@ -16,44 +40,3 @@ def text_blocks(batch: dict, block_size: int) -> dict:
     n = len(flat) // block_size * block_size
     blocks = [flat[i: i + block_size] for i in range(0, n, block_size)]
     return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
-
-
-def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Indices of `lengths` grouped into bins of total <= capacity: longest first, each into the fullest bin it fits.
-    Deterministic. Every length must be <= capacity."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    bins: list[list[int]] = []
-    free_sizes: list[int] = []           # the distinct free capacities of open bins, sorted
-    by_free: dict[int, list[int]] = {}   # free capacity -> open bins with exactly that much room
-    for i in order:
-        size = lengths[i]
-        k = bisect.bisect_left(free_sizes, size)
-        if k < len(free_sizes):
-            free = free_sizes[k]
-            b = by_free[free].pop()
-            if not by_free[free]:
-                del by_free[free]
-                free_sizes.pop(k)
-        else:
-            b, free = len(bins), capacity
-            bins.append([])
-        bins[b].append(i)
-        left = free - size
-        if left > 0:
-            if left not in by_free:
-                bisect.insort(free_sizes, left)
-                by_free[left] = []
-            by_free[left].append(b)
-    return bins
-
-
-def pack_examples(batch: dict, block_size: int) -> dict:
-    """`datasets.map` function: examples packed into blocks; labels as they are (each example's first is -100),
-    position_ids restarting at 0 for every example."""
-    bins = best_fit_decreasing([len(x) for x in batch["input_ids"]], block_size)
-    out = {"input_ids": [], "labels": [], "position_ids": []}
-    for members in bins:
-        out["input_ids"].append(list(chain.from_iterable(batch["input_ids"][i] for i in members)))
-        out["labels"].append(list(chain.from_iterable(batch["labels"][i] for i in members)))
-        out["position_ids"].append(list(chain.from_iterable(range(len(batch["input_ids"][i])) for i in members)))
-    return out

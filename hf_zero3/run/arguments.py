@@ -57,8 +57,8 @@ class ModelArguments:
         default=None, metadata={"help": "Attention kernel: sdpa, eager, flash_attention_2."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
     peft: dict | None = field(
-        default=None, metadata={"help": "LoRA on the frozen base: {r, alpha, dropout, target_modules (a list, or "
-                                        "all-linear)}. See docs/lora.md."})
+        default=None, metadata={"help": "LoRA on the frozen base: peft's LoraConfig fields {r, lora_alpha, lora_dropout, "
+                                        "target_modules (a list, or all-linear), ...}. See docs/lora.md."})
     leaf_modules: list[str] | None = field(
         default=None, metadata={"help": "Module classes ZeRO-3 gathers whole, e.g. a mixture of experts' block (its "
                                         "router and experts). Default: found from the model's experts "

@@ -189,7 +189,7 @@ def _packing_problems(values: dict[str, Any]) -> list[str]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # datasets takes a second to import: `train --help` and argument errors come back without it
-    from hf_zero3.data.collate import packing_problem
+    from hf_zero3.data.packing import packing_problem
 
     try:
         config = AutoConfig.from_pretrained(values.get("model_name_or_path") or values.get("config_name"),

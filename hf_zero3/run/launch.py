@@ -33,7 +33,6 @@ from hf_zero3.config.check import check_ds_config, has_errors, load_config
 from hf_zero3.config.spec import EVERY_PARAMETER
 from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
-from hf_zero3.plan.lora import adapter
 from hf_zero3.plan.memory import gathers_are_views, persists_every_parameter, plan
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
@@ -482,13 +481,10 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
 
 def _lora_adapter(shape, values: dict):
     """The adapter when the recipe trains LoRA (its `peft:` block), as the planner counts it (`Training.adapter`)."""
-    if values.get("peft") is None:
-        return None
     try:
-        spec = lora.parse(values["peft"])
+        return lora.planned(shape, values.get("peft"))
     except ValueError as e:
         raise PlanError(str(e)) from None
-    return adapter(shape, spec.r, spec.target_modules, spec.dropout)
 
 
 def _with_profile_and_nvme(hardware, config: dict, target: Target, headroom: float = 0.0):

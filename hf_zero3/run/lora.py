@@ -1,5 +1,5 @@
-"""LoRA from the recipe's `peft:` block: the strict spec, its checks before anything starts, and the adapter put on
-the model the run built (with the peft library).
+"""LoRA from the recipe's `peft:` block: peft's own `LoraConfig` fields, checked by building the LoraConfig before
+anything starts, the adapter the planner counts for it, and the adapter put on the model the run built.
 
 Why here and not in the Trainer: the base is loaded under ZeRO-3 (partitioned as it loads), then peft adds the
 adapter layers; DeepSpeed partitions those when the engine starts, and its optimizer gets only what requires grad
@@ -10,74 +10,90 @@ checked: hf_zero3/callbacks/adapter_check.py; export and merge: hf_zero3/checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import Any
 
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hf_zero3.plan.lora import LINEAR_LAYERS
+from hf_zero3.plan.lora import LINEAR_LAYERS, adapter
 from hf_zero3.plan.types import Adapter
 
 ALL_LINEAR = "all-linear"
 """peft's name for every linear layer of the decoder (the output layer, lm_head, excepted)."""
 
 
-class LoraSpec(BaseModel):
-    """The `peft:` block of a recipe YAML: a LoRA adapter on a frozen base."""
+DEFAULTS = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ALL_LINEAR}
+"""What a `peft:` block leaves out; any other field takes peft's own default."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+RENAMED = {"alpha": "lora_alpha", "dropout": "lora_dropout", "rank": "r", "lora_r": "r", "target": "target_modules"}
+"""Names this block once took (or near misses) -> peft's own, named in the error."""
 
-    r: int = Field(16, ge=1, le=4096)
-    """Rank of each adapter (its A is r x in, its B out x r)."""
-    alpha: float = Field(32, gt=0)
-    """Scale numerator: the adapter's update is multiplied by alpha / r."""
-    dropout: float = Field(0.05, ge=0, lt=1)
-    """Dropout on the adapter's input, in training only."""
-    target_modules: list[str] | Literal["all-linear"] = Field(ALL_LINEAR, min_length=1)
-    """Module names to adapt, matched by their last name part (q_proj, v_proj, ...), or "all-linear"."""
-
-
-FIELDS = {
-    "r": "the adapter rank, an integer >= 1, e.g. 16",
-    "alpha": "the scale numerator (> 0; the update is scaled by alpha / r), e.g. 32",
-    "dropout": "a fraction in [0, 1), e.g. 0.05",
-    "target_modules": f'"{ALL_LINEAR}" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj]',
+CHECKS = {
+    "r": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1, e.g. 16"),
+    "lora_alpha": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+                   "a number > 0 (the update is scaled by lora_alpha / r), e.g. 32"),
+    "lora_dropout": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1,
+                     "a fraction in [0, 1), e.g. 0.05"),
+    "target_modules": (lambda v: v == ALL_LINEAR or (isinstance(v, list) and v and all(isinstance(x, str) for x in v)),
+                       f'"{ALL_LINEAR}" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj]'),
 }
-"""What each field takes: the fix named in its error."""
-PEFT_NAMES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target": "target_modules"}
-"""peft's own spellings (LoraConfig) and near misses, named in the error with ours."""
+"""The values peft accepts but would train badly with (or fail on later), with the fix named in the error."""
 
 
-def parse(value: Any) -> LoraSpec | None:
-    """The `peft:` value (a mapping, or None: no LoRA) as a LoraSpec; ValueError naming each bad field and its fix."""
+def _field_problems(value: dict, fields: set[str]) -> list[str]:
+    lines = []
+    for name, given in value.items():
+        if name in RENAMED:
+            lines.append(f"peft.{name}: peft calls it {RENAMED[name]}: write {RENAMED[name]}: {given}")
+        elif name not in fields:
+            close = difflib.get_close_matches(name, fields, n=1)
+            lines.append(f"peft.{name}: not a field of peft's LoraConfig{f' (did you mean {close[0]}?)' if close else ''}"
+                         f": use its names (r, lora_alpha, lora_dropout, target_modules, ...)")
+        elif name in CHECKS and not CHECKS[name][0](given):
+            lines.append(f"peft.{name}: got {given!r}: give {CHECKS[name][1]}")
+    return lines
+
+
+def parse(value: Any):
+    """The `peft:` value (a mapping of peft's `LoraConfig` fields, or None: no LoRA) as the `peft.LoraConfig` the
+    run applies; ValueError naming each bad field and its fix (an old name: the new one)."""
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise ValueError(f"peft must be a mapping of LoRA settings ({', '.join(FIELDS)}), not {value!r}: e.g. "
-                         "peft: {r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear}")
+        raise ValueError(f"peft must be a mapping of peft's LoraConfig fields, not {value!r}: e.g. "
+                         "peft: {r: 16, lora_alpha: 32, lora_dropout: 0.05, target_modules: all-linear}")
     try:
-        return LoraSpec.model_validate(value)
-    except ValidationError as e:
-        lines: dict[str, str] = {}  # one line per field (a union reports each of its members)
-        for error in e.errors():
-            name = str(error["loc"][0]) if error["loc"] else "peft"
-            if error["type"] == "extra_forbidden":
-                close = [PEFT_NAMES[name]] if name in PEFT_NAMES else difflib.get_close_matches(name, FIELDS, n=1)
-                lines[name] = (f"peft.{name}: not a LoRA setting{f' (did you mean {close[0]}?)' if close else ''}: "
-                               f"the settings are {', '.join(FIELDS)}")
-            elif name in FIELDS:
-                lines.setdefault(name, f"peft.{name}: {error['msg'][0].lower()}{error['msg'][1:]} (got "
-                                       f"{value.get(name)!r}): give {FIELDS[name]}")
-        raise ValueError("\n".join(lines.values())) from None
+        from peft import LoraConfig
+    except ImportError as e:
+        raise ValueError(import_failure(e)) from e
+    fields = {f.name for f in dataclasses.fields(LoraConfig) if f.init} - {"task_type"}
+    if lines := _field_problems(value, fields):
+        raise ValueError("\n".join(lines))
+    try:
+        return LoraConfig(**{**DEFAULTS, **value, "task_type": "CAUSAL_LM"})
+    except (TypeError, ValueError) as e:  # peft's own checks of its fields
+        raise ValueError(f"peft: {e}") from None
 
 
-def unmatched_targets(spec: LoraSpec, module_names: list[str]) -> list[str]:
+def planned(shape, block: dict | None, r: int | None = None, dropout: float | None = None) -> Adapter | None:
+    """The adapter a `peft:` block (or `r` alone) puts on a model of `shape`, as the planner counts it: the one
+    owner for train's advice, the launcher's dry run and `hf-zero3 plan`; `dropout` overrides the block's."""
+    if r:
+        block = {"r": r}
+    if block is None:
+        return None
+    config = parse(block if dropout is None else {**block, "lora_dropout": dropout})
+    targets = config.target_modules if isinstance(config.target_modules, str) else sorted(config.target_modules)
+    return adapter(shape, config.r, targets, config.lora_dropout)
+
+
+def unmatched_targets(config, module_names: list[str]) -> list[str]:
     """The target names that match no module (peft matches a name to a module whose name ends in `.name`)."""
-    if spec.target_modules == ALL_LINEAR:
+    if isinstance(config.target_modules, str):
         return []
-    return [t for t in spec.target_modules if not any(m == t or m.endswith(f".{t}") for m in module_names)]
+    return sorted(t for t in config.target_modules if not any(m == t or m.endswith(f".{t}") for m in module_names))
 
 
 PEFT_FOR_TORCHAO = {"0.18": "0.19"}
@@ -132,7 +148,7 @@ def problems(values: dict[str, Any]) -> list[str]:
     if values.get("peft") is None:
         return []
     try:
-        spec = parse(values["peft"])
+        config = parse(values["peft"])
     except ValueError as e:
         return str(e).splitlines()
     if known := torchao_problem():
@@ -141,7 +157,7 @@ def problems(values: dict[str, Any]) -> list[str]:
         return ["peft trains a LoRA adapter on pretrained weights, but no model_name_or_path is set: set it to the "
                 "base model (a folder or hub id), or drop the peft block to train every weight"]
     names = _module_names(values)
-    if names is not None and (missing := unmatched_targets(spec, list(names))):
+    if names is not None and (missing := unmatched_targets(config, list(names))):
         linear = sorted({n.rsplit(".", 1)[-1] for n, kind in names.items() if kind == "Linear"})
         return [f"peft.target_modules: {', '.join(missing)} match(es) no module of {values['model_name_or_path']}: "
                 f"its linear layers are {', '.join(linear)} (or use {ALL_LINEAR})"]
@@ -164,8 +180,8 @@ def _module_names(values: dict[str, Any]) -> dict[str, str] | None:
     return {name: type(module).__name__ for name, module in model.named_modules() if name}
 
 
-def apply(model, spec: LoraSpec, training_args):
-    """`model` with the adapter of `spec` (a peft PeftModel; the base frozen). Gradient checkpointing is switched to
+def apply(model, config, training_args):
+    """`model` with the adapter of `config` (`parse`'s LoraConfig; a peft PeftModel, the base frozen). Gradient checkpointing is switched to
     the non-reentrant checkpoint unless the arguments chose one. ValueError when peft refuses the targets, or when
     peft fails on an import (named with peft's and torchao's versions and the fix, `import_failure`).
 
@@ -176,7 +192,7 @@ def apply(model, spec: LoraSpec, training_args):
     (its parameters come from `zero.Init`), where peft's fp32 adapter would compute in fp32, with fp32 copies of
     each adapted layer's input (for Llama-3-8B in bf16 at r 16 with dropout, 78,048 B per token and layer more)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
     except ImportError as e:
         raise ValueError(import_failure(e)) from e
 
@@ -186,8 +202,6 @@ def apply(model, spec: LoraSpec, training_args):
         training_args.gradient_checkpointing_kwargs = kwargs
         if kwargs["use_reentrant"]:  # the reentrant checkpoint passes gradients only to inputs that require them
             model.enable_input_require_grads()
-    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
-                        target_modules=spec.target_modules, task_type="CAUSAL_LM")
     try:  # under DeepSpeed the adapter computes in the base's dtype: the engine keeps its fp32 master weights
         return get_peft_model(model, config, autocast_adapter_dtype=not training_args.deepspeed)
     except ImportError as e:  # peft imports optional backends (torchao) as it adapts each layer

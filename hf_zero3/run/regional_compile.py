@@ -28,10 +28,11 @@ BACKENDS = ("inductor", "aot_eager", "eager")
 """`regional_compile_backend`: inductor (the compiler, the default), or dynamo's tracing without code generation
 (aot_eager, eager), which checks that a model traces, in seconds."""
 
-LIGER_OUTSIDE_LAYERS = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
+LIGER_OUTSIDE_LAYERS = {"fused_linear_cross_entropy": False, "cross_entropy": False, "rms_norm": False,
                         "swiglu": False, "rope": False}
-"""Liger with compiled layers, where `liger_kernel_config` does not choose: its fused linear cross-entropy, outside
-the layers, and none of its kernels inside them, whose norms, activations and rotary embedding the compiler fuses.
+"""Liger with compiled layers, where `liger_kernel_config` does not choose: none of its kernels inside the layers,
+whose norms, activations and rotary embedding the compiler fuses; and not its fused linear cross-entropy either,
+since TRL's SFTTrainer computes the loss through its own chunked LM head (the full logits are never built).
 With all of Liger inside compiled layers one H200 run (torch 2.11, Liger 0.8.5) failed: inductor could not trace
 Liger's RMSNorm kernel ("'float' object has no attribute 'to'") and the step then hit an illegal memory access."""
 

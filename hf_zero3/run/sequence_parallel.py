@@ -167,13 +167,12 @@ def attention_of(model) -> str:
     return kernel_of(model.get_base_model() if hasattr(model, "peft_config") else model)
 
 
-def prepare(model, training_args, batching: dict[str, Any], tokenizer, packed: bool) -> dict[str, Any]:
-    """Put sequence parallelism into the run before the Trainer is built: the ParallelismConfig on the
-    TrainingArguments, the collator made shardable, packed SDPA kept apart. Returns the Trainer's batching
-    arguments (unchanged without sequence parallelism)."""
+def prepare(model, training_args, packed: bool) -> None:
+    """Put sequence parallelism into the run before the Trainer is built: the checks, the ParallelismConfig on the
+    TrainingArguments (the Trainer's accelerator reads it when built), packed SDPA kept apart."""
     sp = training_args.sequence_parallel_size
     if sp <= 1:
-        return batching
+        return
     attention = attention_of(model)
     if attention not in ATTENTIONS and not _hub_flash(attention):
         raise UsageError(f"the model runs {attention} attention, which Ulysses sequence parallelism cannot wrap: set "
@@ -187,8 +186,16 @@ def prepare(model, training_args, batching: dict[str, Any], tokenizer, packed: b
         keep_packed_examples_apart()
     if training_args.process_index == 0:
         print(describe(training_args, attention, packed), flush=True)
+
+
+def shard_batches(trainer, tokenizer) -> None:
+    """The Trainer's collator made shardable for the sequence-sharding data loader (nothing without sequence
+    parallelism)."""
+    sp = getattr(trainer.args, "sequence_parallel_size", 1)
+    if sp <= 1:
+        return
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return {**batching, "data_collator": ShardableCollator(batching["data_collator"], sp, pad)}
+    trainer.data_collator = ShardableCollator(trainer.data_collator, sp, pad)
 
 
 def resumable(trainer) -> None:

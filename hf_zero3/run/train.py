@@ -1,9 +1,10 @@
-"""`hf-zero3 train CONFIG.yaml [--key value ...]` (also `python -m hf_zero3.train`): the stock Trainer, set up right.
+"""`hf-zero3 train CONFIG.yaml [--key value ...]` (also `python -m hf_zero3.train`): TRL's SFTTrainer, set up right.
 
 One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments) (`run.arguments`); every input checked
 before anything starts (`run.checks`); where the run starts, resume included (`run.start`). TrainingArguments (and
 with it the DeepSpeed config) exist before the model, so ZeRO-3 partitions the weights while they load. No training
-loop of our own: `transformers.Trainer` plus our callbacks.
+loop of our own: TRL's `SFTTrainer` (a `transformers.Trainer` on the same DeepSpeed bridge, `run.sft`) plus our
+callbacks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hf_zero3.callbacks import (
     DeepSpeedTimersCallback,
     HubPushCallback,
     NvmeResumeCallback,
+    ThroughputCallback,
     default_callbacks,
     install_callbacks,
 )
@@ -119,26 +121,6 @@ def _load_model_and_tokenizer(model_args: ModelArguments, resume: str | None = N
     return model, tokenizer
 
 
-def _batching(prepared, model, tokenizer) -> dict[str, Any]:
-    """The Trainer's collator (and eval metrics) for how the data was laid out; packing is refused where the model
-    would let packed examples attend to each other."""
-    from transformers import default_data_collator
-
-    from hf_zero3.data import build, collate, metrics  # datasets takes a second (see run.checks)
-
-    extra = {"compute_metrics": metrics.token_accuracy, "preprocess_logits_for_metrics": metrics.predicted_tokens}
-    if prepared.layout == build.BLOCKS:
-        return {"data_collator": default_data_collator, **extra}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if prepared.layout == build.PADDED:
-        return {"data_collator": collate.PaddedCollator(pad), **extra}
-    base = model.get_base_model() if hasattr(model, "peft_config") else model  # a LoRA run: the model peft wraps
-    if problem := collate.packing_problem(type(base), collate.attention_of(base)):
-        raise UsageError(problem)
-    return {"data_collator": collate.PackedCollator(pad, flatten=collate.flattens(collate.attention_of(base))),
-            **extra}
-
-
 def _banner(trainer) -> str:
     args = trainer.args
     ds = ds_config_of(args)
@@ -200,15 +182,15 @@ def _maybe_fp8(model, training_args) -> None:
 
 
 def _liger_outside_compiled_layers(training_args) -> None:
-    """With `regional_compile` and `use_liger_kernel` but no `liger_kernel_config`: Liger for the loss only
-    (`regional_compile.LIGER_OUTSIDE_LAYERS`), set before the Trainer applies Liger in its __init__."""
+    """With `regional_compile` and `use_liger_kernel` but no `liger_kernel_config`: none of Liger's kernels in the
+    compiled layers (`regional_compile.LIGER_OUTSIDE_LAYERS`), set before the Trainer applies Liger in its __init__."""
     chosen = training_args.liger_kernel_config is not None
     if chosen or not (training_args.regional_compile and training_args.use_liger_kernel):
         return
     training_args.liger_kernel_config = dict(regional_compile.LIGER_OUTSIDE_LAYERS)
     if is_world_process_zero():
-        print("hf_zero3: Liger with regional compile: its fused linear cross-entropy only, the compiler fuses the "
-              "layers (liger_kernel_config chooses otherwise)", flush=True)
+        print("hf_zero3: Liger with regional compile: none of its kernels, the compiler fuses the layers and TRL's "
+              "chunked LM head computes the loss (liger_kernel_config chooses otherwise)", flush=True)
 
 
 def _maybe_compile_regions(model, training_args) -> None:
@@ -254,8 +236,8 @@ def _plot_line(out: Path, model_args, training_args) -> str:
     return plot_train_log(out, f"{model} ({out.name}): {training_args.world_size} x {gpu_name() or 'CPU'}")
 
 
-def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
-    """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
+def _checked_values(argv: list[str]) -> tuple[dict[str, Any], bool]:
+    """The arguments as one dict, every input checked before anything starts; whether the run is on CPU."""
     values = load_arguments(argv)
     on_cpu = bool(values.get("use_cpu")) or not cuda_available()
     if on_cpu:
@@ -264,23 +246,11 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
             print("hf_zero3: use_liger_kernel needs a GPU: off on CPU", flush=True)
             values["use_liger_kernel"] = False
     check_inputs(values, device="cpu" if on_cpu else "cuda")
+    return values, on_cpu
 
-    # Imported once the inputs are known good: the Trainer takes seconds to import.
-    from transformers import Trainer, set_seed
 
-    from hf_zero3.data.build import build_datasets
-
-    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")),
-                          timeout_s=training_values(values)["ddp_timeout"])
-    parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
-    preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
-    resume = start_point(training_args)
-    if resume == FINISHED:
-        return {}
-    claim(training_args)
-
-    set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
+def _prepared_model(model_args, training_args, resume: str | None):
+    """The model (partitioned while it loads under ZeRO-3), its adapter and leaf modules, and the tokenizer."""
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
     if training_args.deepspeed:  # DeepSpeed's module is loaded by now: the import costs nothing here
         from hf_zero3.run import zero3_linear
@@ -299,19 +269,27 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         raise UsageError(str(e)) from e
     if leaves and is_world_process_zero():
         print(f"hf_zero3: {leaves}", flush=True)
+    return model, tokenizer
+
+
+def _trainer(model, tokenizer, model_args, data_args, training_args, preemption, resume: str | None,
+             extra_callbacks: Sequence[Any]):
+    """TRL's SFTTrainer over the run's data, with our callbacks; what our callbacks carry out instead of the
+    Trainer (recorded in run_config.json as the user set it); the prepared data."""
+    from hf_zero3.data.build import build_datasets  # datasets takes a second (see run.checks)
+    from hf_zero3.run.sft import (  # TRL takes seconds to import, once the inputs are known good
+        rows_note,
+        sft_trainer,
+    )
+
     prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
                               tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
                               or model_args.config_name)
-    if is_world_process_zero():
-        for note in prepared.notes:
-            print(f"hf_zero3: data: {note}", flush=True)
-    batching = sequence_parallel.prepare(model, training_args, _batching(prepared, model, tokenizer), tokenizer,
-                                         packed=prepared.layout == "packed")
+    sequence_parallel.prepare(model, training_args, packed=prepared.layout == "packed")
     try:
         sources = {"base_model": model_args.model_name_or_path,
                    "datasets": [data_args.dataset_name] if data_args.dataset_name else []}
         callbacks = [preemption, *default_callbacks(training_args, seq_len=round(prepared.attended), sources=sources,
-                                                    tokens_per_sample=prepared.tokens_per_row,
                                                     lora=model_args.peft is not None),
                      *_partial_checkpointing(model, training_args), *extra_callbacks]
     except (CheckpointError, ValueError) as e:  # e.g. push_to_hub without a usable hub_model_id, a negative patience
@@ -322,20 +300,28 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
     by_callbacks = {"save_total_limit": training_args.save_total_limit, "push_to_hub": training_args.push_to_hub}
     training_args.save_total_limit, training_args.push_to_hub = None, False
     _liger_outside_compiled_layers(training_args)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=prepared.train,
-        eval_dataset=prepared.eval,
-        processing_class=tokenizer,
-        **batching,
-    )
+    try:
+        trainer = sft_trainer(model, training_args, data_args, prepared, tokenizer)
+    except ValueError as e:  # packing that would cross-talk, a Liger loss TRL cannot use, ...
+        raise UsageError(str(e)) from e
+    sequence_parallel.shard_batches(trainer, tokenizer)
+    for callback in callbacks:  # the real tokens of a row, known once TRL has packed them
+        if isinstance(callback, ThroughputCallback):
+            callback.tokens_per_sample = prepared.tokens / max(len(trainer.train_dataset), 1)
+    if is_world_process_zero():
+        for note in [*prepared.notes, rows_note(prepared, trainer, data_args.block_size)]:
+            print(f"hf_zero3: data: {note}", flush=True)
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
     tiled_compute.enable_for_run(model, training_args)  # likewise: the tiles call Liger's forwards
     sequence_parallel.resumable(trainer)
     _maybe_fp8(model, training_args)  # before compiling: the compiled layers trace the float8 casts
     _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
+    return trainer, by_callbacks, prepared
+
+
+def _trained(trainer, model, training_args, data_args, resume, preemption) -> dict[str, float]:
+    """Train; the planner's advice on an out-of-memory error; a preempted run stopped at its checkpoint."""
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
     try:
@@ -347,7 +333,13 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         stopped = preemption.outcome(training_args.output_dir)
         release_engine(trainer)
         raise stopped
-    metrics = dict(result.metrics)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    return dict(result.metrics)
+
+
+def _saved_and_evaluated(trainer, model, model_args, training_args, has_eval: bool) -> dict[str, float]:
+    """The final model (verified, for a LoRA run), the trainer state, and the final evaluation's metrics."""
     if training_args.save_final_model:
         trainer.save_model()
         if model_args.peft is not None and (problems := verify_adapter_on_all_ranks(model, training_args.output_dir)):
@@ -356,41 +348,66 @@ def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float
         if trainer.is_world_process_zero():  # the final model is for inference: KV cache back on
             generation_ready(Path(training_args.output_dir))
     trainer.save_state()
-    if prepared.eval is not None:
-        eval_metrics = trainer.evaluate()
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        metrics.update(eval_metrics)
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
+    if not has_eval:
+        return {}
+    eval_metrics = trainer.evaluate()
+    trainer.log_metrics("eval", eval_metrics)
+    trainer.save_metrics("eval", eval_metrics)
+    return eval_metrics
+
+
+def _finished(trainer, model_args, data_args, training_args, by_callbacks, metrics: dict[str, float]) -> None:
+    """Hub pushes waited for, run_config.json and the finished marker written, and where everything is said."""
     for callback in trainer.callback_handler.callbacks:  # pushes run in a thread on rank 0; collectives are done
         if isinstance(callback, HubPushCallback):
             callback.wait()
-    if trainer.is_world_process_zero():
-        out = Path(training_args.output_dir)
-        write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
-        shards = training_args.save_final_model and model_args.peft is None and not weights_gathered(
-            ds_config_of(trainer.args))
-        write_finished(out, {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
-                             "num_train_epochs": training_args.num_train_epochs,
-                             **({"zero_shards": (out / "latest").read_text().strip()} if shards else {})})
-        newest = newest_complete(out)
-        if shards:
-            print(f"hf_zero3: final model: ZeRO shards in {out} (stage3_gather_16bit_weights_on_model_save is off, "
-                  f"which keeps a 16-bit copy of the model out of rank 0's host RAM); a Hugging Face folder: "
-                  f"hf-zero3 export {out} {out}-hf", flush=True)
-        elif training_args.save_final_model:
-            print(f"hf_zero3: final model: {out}", flush=True)
-        if newest:
-            print(f"hf_zero3: last checkpoint: {newest}", flush=True)
-        print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
-        print(_plot_line(out, model_args, training_args), flush=True)
-        print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
-                                                   if isinstance(v, float)}), flush=True)
-    elif trainer.args.should_save:  # save_on_each_node: this node's copy of output_dir is finished too
-        write_finished(Path(training_args.output_dir), {
-            "global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
-            "num_train_epochs": training_args.num_train_epochs})
+    out = Path(training_args.output_dir)
+    progress = {"global_step": trainer.state.global_step, "max_steps": training_args.max_steps,
+                "num_train_epochs": training_args.num_train_epochs}
+    if not trainer.is_world_process_zero():
+        if trainer.args.should_save:  # save_on_each_node: this node's copy of output_dir is finished too
+            write_finished(out, progress)
+        return
+    write_run_config(out / "run_config.json", model_args, data_args, trainer, by_callbacks)
+    shards = training_args.save_final_model and model_args.peft is None and not weights_gathered(
+        ds_config_of(trainer.args))
+    write_finished(out, {**progress, **({"zero_shards": (out / "latest").read_text().strip()} if shards else {})})
+    newest = newest_complete(out)
+    if shards:
+        print(f"hf_zero3: final model: ZeRO shards in {out} (stage3_gather_16bit_weights_on_model_save is off, "
+              f"which keeps a 16-bit copy of the model out of rank 0's host RAM); a Hugging Face folder: "
+              f"hf-zero3 export {out} {out}-hf", flush=True)
+    elif training_args.save_final_model:
+        print(f"hf_zero3: final model: {out}", flush=True)
+    if newest:
+        print(f"hf_zero3: last checkpoint: {newest}", flush=True)
+    print(f"hf_zero3: logs: {out / 'train_log.jsonl'} (and trainer_state.json)", flush=True)
+    print(_plot_line(out, model_args, training_args), flush=True)
+    print("hf_zero3: metrics: " + json.dumps({k: round(v, 4) for k, v in metrics.items()
+                                               if isinstance(v, float)}), flush=True)
+
+
+def run(argv: list[str], extra_callbacks: Sequence[Any] = ()) -> dict[str, float]:
+    """Parse, set up, train, save; returns the final metrics. `extra_callbacks` go after ours (e.g. a probe)."""
+    values, on_cpu = _checked_values(argv)
+    from transformers import set_seed  # once the inputs are known good: the Trainer takes seconds to import
+
+    prepare_process_group(on_cpu=on_cpu, use_deepspeed=bool(values.get("deepspeed")),
+                          timeout_s=training_values(values)["ddp_timeout"])
+    parser = ArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    model_args, data_args, training_args = parser.parse_dict(values, allow_extra_keys=False)
+    preemption = PreemptionCallback(training_args.preemption_signals)  # before the model: loading takes long
+    resume = start_point(training_args)
+    if resume == FINISHED:
+        return {}
+    claim(training_args)
+    set_seed(training_args.seed)  # before the model: every rank (and every run) starts from the same weights
+    model, tokenizer = _prepared_model(model_args, training_args, resume)
+    trainer, by_callbacks, prepared = _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
+                                               resume, extra_callbacks)
+    metrics = _trained(trainer, model, training_args, data_args, resume, preemption)
+    metrics.update(_saved_and_evaluated(trainer, model, model_args, training_args, prepared.eval is not None))
+    _finished(trainer, model_args, data_args, training_args, by_callbacks, metrics)
     release_engine(trainer)  # its groups' threads end with the teardown, not in the interpreter's exit
     return metrics
 

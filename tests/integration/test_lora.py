@@ -18,7 +18,7 @@ from tests.conftest import ROOT, TINY_YAML, error_naming, explain, losses, run
 pytestmark = pytest.mark.integration
 
 R, ALPHA = 8, 16
-LORA = ["--peft", json.dumps({"r": R, "alpha": ALPHA, "dropout": 0.0, "target_modules": "all-linear"}),
+LORA = ["--peft", json.dumps({"r": R, "lora_alpha": ALPHA, "lora_dropout": 0.0, "target_modules": "all-linear"}),
         "--gradient_checkpointing", "true", "--config_name", "null", "--validation_file", "null",
         "--train_file", "assets/tiny/chat/validation.jsonl", "--block_size", "256",  # chat, packed: 150 conversations
         "--logging_steps", "1", "--save_steps", "3", "--learning_rate", "1e-2", "--lr_scheduler_type", "constant",
@@ -156,7 +156,7 @@ def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trai
     root, _ = trained
     spec = ZeroSpec(stage=3, precision="bf16")
     (tmp_path / "ds.json").write_text(json.dumps(build_ds_config(spec)))
-    peft = {"r": R, "alpha": ALPHA, "dropout": 0.05, "target_modules": "all-linear"}
+    peft = {"r": R, "lora_alpha": ALPHA, "lora_dropout": 0.05, "target_modules": "all-linear"}
     proc = run(["torchrun", "--nproc_per_node", "1", "--master_port", free_port(), "tests/integration/lora_probe.py",
                 tmp_path / "probe", TINY_YAML, "--model_name_or_path", root / "base", "--config_name", "null",
                 "--output_dir", tmp_path / "out", "--peft", json.dumps(peft), "--deepspeed", tmp_path / "ds.json",

@@ -13,10 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Traini
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.build import BLOCKS, PACKED, PADDED, build_datasets, data_problems
-from hf_zero3.data.collate import PackedCollator, PaddedCollator, packing_problem
 from hf_zero3.data.errors import DataError
-from hf_zero3.data.metrics import token_accuracy
-from hf_zero3.data.packing import best_fit_decreasing
+from hf_zero3.data.packing import packing_problem
 from hf_zero3.data.tokenize import IGNORE, Tokenizer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "tiny"
@@ -31,6 +29,14 @@ LLAMA3_TEMPLATE = (
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt "
     "%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")
+# Qwen2.5's chat template as it ships (tools left out): a default system prompt when the conversation has none.
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n' }}{%- endif %}{%- for message in messages %}{%- if (message.role == \"user\") or (message.role == "
+    "\"system\" and not loop.first) or (message.role == \"assistant\") %}{{- '<|im_start|>' + message.role + '\n' + "
+    "message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\n' }}{%- endif %}")
 # A template that, like some reasoning models', drops an earlier assistant turn's thinking once a user follows.
 DROPS_THINKING = (
     "{%- for m in messages %}{%- if m.role == 'assistant' and not loop.last %}<a>{{ m.content.split('</think>')[-1] }}"
@@ -114,18 +120,66 @@ def test_a_template_without_markers_trains_the_content_and_end_of_turn(tokenizer
     assert [r.strip() for r in runs] == ["the cow says moo.<|eot_id|>", "the owl says hoot.<|eot_id|>"]
 
 
+@pytest.mark.parametrize("template, end", [(LLAMA3_TEMPLATE, "<|eot_id|>"), (QWEN25_TEMPLATE, "<|im_end|>")],
+                         ids=["llama3", "qwen2.5"])
+def test_a_conversation_opening_with_the_assistant_trains_none_of_the_templates_preamble(tokenizer, template, end):
+    """Llama 3's BOS and header, Qwen2.5's default system prompt: rendered before the first turn, trained by none."""
+    tok = Tokenizer(tokenizer, template, train_on_inputs=False)
+    messages = [{"role": "assistant", "content": "how can I help?"}, {"role": "user", "content": "say moo."},
+                {"role": "assistant", "content": "moo."}]
+    assert [r.strip() for r in trained_text(tokenizer, tok.chat(messages))] == [f"how can I help?{end}",
+                                                                                f"moo.{end}"]
+
+
+def test_an_end_of_turn_token_left_outside_the_markers_is_trained_and_said(tmp_path, training_args, tokenizer):
+    """A template whose {% generation %} stops before the end-of-turn token would never teach the model to stop."""
+    template = ("{%- for m in messages %}<{{ m.role }}>{%- if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+                "{% endgeneration %}{%- else %}{{ m.content }}{%- endif %}{{ eos_token }}{%- endfor %}")
+    tok = Tokenizer(tokenizer, template, train_on_inputs=False)
+    messages = [{"role": "user", "content": "say moo."}, {"role": "assistant", "content": "moo."}]
+    assert [r.strip() for r in trained_text(tokenizer, tok.chat(messages))] == ["moo.</s>"]
+    prepared = build(training_args, tokenizer, train_file=str(write_jsonl(tmp_path / "c.jsonl", [{"messages": messages}])),
+                     chat_template=template)
+    assert any("</s>" in note and "generation" in note and "trained" in note for note in prepared.notes)
+
+
 def test_train_on_inputs_trains_every_token_but_the_first(tokenizer, conversations):
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=True)
     example = tok.chat(conversations[0])
     assert example["labels"][1:] == example["input_ids"][1:] and example["labels"][0] == IGNORE
 
 
-def test_a_template_that_rewrites_earlier_turns_is_an_error_naming_the_ways_out(tokenizer):
+def test_a_template_that_drops_earlier_thinking_trains_each_turn_in_the_context_it_renders(tokenizer):
+    """Where earlier turns render differently once later ones follow (reasoning templates that drop past thinking,
+    and that TRL has no training version of), each assistant turn is an example of its own: its context rendered
+    as the template renders it at inference (earlier thinking dropped), only that turn trained."""
     tok = Tokenizer(tokenizer, DROPS_THINKING, train_on_inputs=False)
-    single = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>hello"}]
-    assert trained_text(tokenizer, tok.chat(single))  # one turn: prefixes hold
-    with pytest.raises(DataError, match=r"turn 1.*\{% generation %\}.*train_on_inputs"):
-        tok.chat([*single, {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye"}])
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>hello"},
+             {"role": "user", "content": "and?"}, {"role": "assistant", "content": "<think>y</think>bye"}]
+    first, second = tok.chat_examples(turns)
+    assert [r.strip() for r in trained_text(tokenizer, first)] == ["<think>x</think>hello</a>"]
+    assert [r.strip() for r in trained_text(tokenizer, second)] == ["<think>y</think>bye</a>"]
+    assert "<think>x" not in tokenizer.decode(second["input_ids"]) and "hello" in tokenizer.decode(second["input_ids"])
+
+
+def test_text_parts_a_developer_turn_and_alpaca_rows_train_without_a_template_of_ours(tmp_path, training_args,
+                                                                                       tokenizer):
+    tok = Tokenizer(tokenizer, QWEN25_TEMPLATE, train_on_inputs=False)  # knows no developer role: rendered as system
+    parts = [{"role": "developer", "content": "be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "say "}, {"type": "text", "text": "moo."}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "moo."}]}]
+    example = tok.chat_examples(parts)[0]
+    assert "<|im_start|>system\nbe brief." in tokenizer.decode(example["input_ids"]) and "say moo." in \
+        tokenizer.decode(example["input_ids"])
+    assert [r.strip() for r in trained_text(tokenizer, example)] == ["moo.<|im_end|>"]
+    alpaca = write_jsonl(tmp_path / "alpaca.jsonl", [
+        {"instruction": "name the animal.", "input": "it says moo.", "output": "a cow."},
+        {"instruction": "say hello.", "input": "", "output": "hello."}])
+    prepared = build(training_args, tokenizer, train_file=str(alpaca))
+    runs = [[r.strip() for r in trained_text(tokenizer, dict(zip(("input_ids", "labels"), row)))]
+            for row in zip(prepared.train["input_ids"], prepared.train["labels"])]
+    assert runs == [["a cow.</s>"], ["hello.</s>"]]
+    assert "it says moo." in tokenizer.decode(prepared.train["input_ids"][0])
 
 
 def test_prompt_completion_trains_the_completion_and_eos(tokenizer):
@@ -140,18 +194,6 @@ def test_prompt_completion_trains_the_completion_and_eos(tokenizer):
 
 
 # -- packing -----------------------------------------------------------------------------------------------------------
-
-def test_best_fit_decreasing_fills_bins_within_capacity_and_keeps_every_example():
-    import random
-
-    rng = random.Random(0)
-    lengths = [rng.randint(1, 100) for _ in range(2000)]
-    bins = best_fit_decreasing(lengths, 128)
-    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
-    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
-    lower_bound = -(-sum(lengths) // 128)
-    assert len(bins) <= lower_bound * 1.02, (len(bins), lower_bound)  # within 2% of the unbeatable count
-
 
 def _tiny_model(attention: str, lora: bool = False):
     torch.manual_seed(0)
@@ -173,27 +215,39 @@ def _loss_and_grads(model, batch):
     return out.loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
 
 
+def _packed_batch(tokenizer, examples: list[dict], flatten: bool = False) -> dict:
+    """The examples as the run batches them: packed by TRL's `pack_dataset` (bfd, SFTTrainer's default strategy),
+    then flattened into one row by TRL's padding-free collator (flash attention), or one packed block per row
+    (`run.sft.PackedRows`, other attention); position_ids restart per example either way."""
+    from trl import pack_dataset
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from hf_zero3.run.sft import PackedRows
+
+    rows = datasets.Dataset.from_list([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
+    packed = pack_dataset(rows, BLOCK, "bfd")
+    assert 1 < len(packed) < len(examples)  # several examples share a block
+    collate = DataCollatorForLanguageModeling(tokenizer.pad_token_id, padding_free=True) if flatten \
+        else PackedRows(tokenizer.pad_token_id)
+    batch = collate(list(packed))
+    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == (1 if flatten else len(packed))
+    # SFTTrainer's compute_loss turns the KV cache off, as the run's model config does: with one transformers would
+    # not build the packed-sequence mask
+    return {**{k: v for k, v in batch.items() if k != "seq_idx"}, "use_cache": False}
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("lora", [False, True])
 def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, conversations, attention, flatten,
                                                                      lora):
-    """fp32, CPU: a micro batch of packed blocks gives the loss and gradients of its examples run alone,
-    token-weighted (the Trainer's mean over trained tokens). Flattened (the flash-attention layout) and padded rows
-    both; the whole model, and a LoRA adapter on a frozen base (the packing check looks through peft's wrapper)."""
+    """fp32, CPU: a micro batch of packed blocks, as TRL packs and collates them, gives the loss and gradients of its
+    examples run alone, token-weighted (the mean over trained tokens); the whole model, and a LoRA adapter on a
+    frozen base (the packing check looks through peft's wrapper)."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
     examples = [tok.chat(m) for m in conversations[:12]]
-    from hf_zero3.data.packing import pack_examples
-
-    packed = pack_examples({"input_ids": [e["input_ids"] for e in examples],
-                            "labels": [e["labels"] for e in examples]}, BLOCK)
-    assert 1 < len(packed["input_ids"]) < len(examples)  # several examples share a block
-    features = [dict(zip(packed, row)) for row in zip(*packed.values())]
     model = _tiny_model(attention, lora)
-    batch = PackedCollator(tokenizer.pad_token_id, flatten=flatten)(features)
-    if not flatten:
-        assert "attention_mask" not in batch and batch["input_ids"].shape[0] == len(features)
-    packed_loss, packed_grads = _loss_and_grads(model, batch)
+    packed_loss, packed_grads = _loss_and_grads(model, _packed_batch(tokenizer, examples, flatten))
 
     total = sum(sum(1 for t in e["labels"][1:] if t != IGNORE) for e in examples)
     alone_loss, alone_grads = 0.0, [torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
@@ -209,14 +263,9 @@ def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, 
 
 
 def test_packing_without_position_ids_would_cross_attend(tokenizer, conversations):
-    """The check above can fail: the same packed rows without position_ids (one long sequence) give another loss."""
+    """The check above can fail: the same packed row without position_ids (one long sequence) gives another loss."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
-    from hf_zero3.data.packing import pack_examples
-
-    examples = [tok.chat(m) for m in conversations[:6]]
-    packed = pack_examples({"input_ids": [e["input_ids"] for e in examples],
-                            "labels": [e["labels"] for e in examples]}, BLOCK)
-    batch = PackedCollator(tokenizer.pad_token_id, flatten=False)([dict(zip(packed, r)) for r in zip(*packed.values())])
+    batch = _packed_batch(tokenizer, [tok.chat(m) for m in conversations[:6]])
     model = _tiny_model("sdpa")
     with torch.no_grad():
         apart = model(**batch).loss
@@ -224,16 +273,6 @@ def test_packing_without_position_ids_would_cross_attend(tokenizer, conversation
         cached = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
                        use_cache=True).loss  # a KV cache turns transformers' packed-sequence masks off
     assert abs(apart - mixed) > 1e-4 and abs(apart - cached) > 1e-4
-
-
-def test_padded_batches_mask_the_padding(tokenizer, conversations):
-    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
-    examples = [tok.chat(m) for m in conversations[:4]]
-    batch = PaddedCollator(tokenizer.pad_token_id)(examples)
-    widths = [len(e["input_ids"]) for e in examples]
-    assert batch["input_ids"].shape == (4, max(widths))
-    assert batch["attention_mask"].sum(1).tolist() == widths
-    assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()
 
 
 def test_packing_is_refused_for_a_model_whose_mask_ignores_position_ids():
@@ -252,20 +291,16 @@ def build(training_args, tokenizer, **kwargs):
     return build_datasets(DataArguments(**kwargs), tokenizer, training_args, MAX_POS)
 
 
-def test_chat_file_is_packed_into_blocks_with_positions_restarting_per_example(training_args, tokenizer):
+def test_a_chat_file_becomes_examples_for_trl_to_pack(training_args, tokenizer):
     prepared = build(training_args, tokenizer, train_file=str(CHAT), validation_file=str(ASSETS / "chat" /
                                                                                          "validation.jsonl"))
     assert prepared.layout == PACKED and prepared.eval is not None
-    assert set(prepared.train.column_names) == {"input_ids", "labels", "position_ids"}
-    rows = prepared.train[:50]
-    for ids, labels, positions in zip(rows["input_ids"], rows["labels"], rows["position_ids"]):
-        assert len(ids) == len(labels) == len(positions) <= BLOCK
-        starts = [i for i, p in enumerate(positions) if p == 0]
-        assert starts[0] == 0 and all(labels[s] == IGNORE for s in starts)  # no example predicts the next one
-        assert all(ids[s] == tokenizer.bos_token_id for s in starts)       # each example starts with its BOS
-    examples = sum(1 for line in CHAT.read_text().splitlines())
-    assert sum(p.count(0) for p in prepared.train["position_ids"]) == examples  # none dropped at 256 tokens
-    assert 0.8 < prepared.tokens_per_row / BLOCK <= 1
+    assert set(prepared.train.column_names) == {"input_ids", "labels"}
+    for ids, labels in zip(prepared.train["input_ids"][:50], prepared.train["labels"][:50]):
+        assert len(ids) == len(labels) <= BLOCK and labels[0] == IGNORE  # packed, none predicts the one before
+        assert ids[0] == tokenizer.bos_token_id  # each example starts with its BOS
+    assert len(prepared.train) == sum(1 for _ in CHAT.read_text().splitlines())  # none dropped at 256 tokens
+    assert prepared.tokens == sum(map(len, prepared.train["input_ids"]))
 
 
 def test_padding_and_truncation_are_the_users_choice(training_args, tokenizer):
@@ -298,17 +333,31 @@ def test_a_validation_split_comes_from_the_mixed_examples(training_args, tokeniz
     assert len(prepared.eval) == 500 and len(prepared.train) == 4500
 
 
+def test_weights_and_a_validation_split_never_put_a_row_in_both(tmp_path, training_args, tokenizer):
+    """Rows are held out before the weights repeat them: none of the held-out rows is trained on (each file's
+    rows made unique, so a shared row could only come from the split)."""
+    unique = []
+    for path in (CHAT, INSTRUCTIONS):
+        unique.append(tmp_path / path.name)
+        unique[-1].write_text("".join(dict.fromkeys(line + "\n" for line in path.read_text().splitlines())))
+    prepared = build(training_args, tokenizer, packing=False, validation_split_percentage=10, datasets=[
+        {"path": str(unique[0]), "weight": 3.0}, {"path": str(unique[1]), "weight": 1.0}])
+    trained = set(map(tuple, prepared.train["input_ids"]))
+    assert len(prepared.eval) > 250 and not trained & set(map(tuple, prepared.eval["input_ids"]))
+
+
+def test_chat_training_with_a_raw_text_validation_file_is_refused(tmp_path, training_args, tokenizer):
+    """Its eval loss would be on raw text, which the run does not train; before the run and in the build alike."""
+    values = {"train_file": str(CHAT), "validation_file": str(ASSETS / "corpus" / "validation.txt")}
+    problems, _ = data_problems(values, None)
+    assert problems and "validation_file" in problems[0] and "null" in problems[0] and "raw text" in problems[0]
+    with pytest.raises(DataError, match="validation_file.*null"):
+        build(training_args, tokenizer, **values)
+
+
 def test_raw_text_alone_keeps_full_blocks(training_args, tokenizer):
     prepared = build(training_args, tokenizer, train_file=str(ASSETS / "corpus" / "validation.txt"), block_size=64)
     assert prepared.layout == BLOCKS and {len(x) for x in prepared.train["input_ids"]} == {64}
-
-
-def test_token_accuracy_counts_only_trained_positions():
-    from transformers import EvalPrediction
-
-    labels = [[IGNORE, IGNORE, 5, 6, IGNORE], [IGNORE, 7, 8, IGNORE, IGNORE]]
-    predictions = [[9, 5, 0, 9, 9], [7, 9, 9, 9, 9]]  # position t predicts label t + 1
-    assert token_accuracy(EvalPrediction(predictions=predictions, label_ids=labels)) == {"token_accuracy": 0.5}
 
 
 # -- bad data, before anything starts ----------------------------------------------------------------------------------
@@ -324,8 +373,9 @@ GOOD = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel
 
 @pytest.mark.parametrize("rows, needles", [
     ([{"text": "no messages"}], ["no column 'messages'"]),
-    ([{"messages": GOOD}, {"messages": [{"role": "bot", "content": "x"}]}], ["line 2", "role 'bot'", "system, user"]),
-    ([{"messages": [{"role": "user", "content": ["a", "b"]}, GOOD[1]]}], ["line 1", "content of type list"]),
+    ([{"messages": GOOD}, {"messages": [{"role": "bot", "content": "x"}]}], ["line 2", "role 'bot'", "system, developer"]),
+    ([{"messages": [{"role": "user", "content": [{"type": "image", "url": "x"}]}, GOOD[1]]}],
+     ["line 1", "content parts of type image", "only text parts"]),
     ([{"messages": GOOD}, {"messages": []}], ["line 2", "empty conversation"]),
     ([{"messages": [GOOD[0]]}], ["no assistant turn", "train_on_inputs"]),
     ([{"messages": [{"role": "user"}, GOOD[1]]}], ["turn 0 (user) has no content"]),

@@ -40,10 +40,11 @@ def saved(tmp_path):
 
 @pytest.mark.parametrize("block, field, fix", [
     ({"r": 0}, "peft.r", "an integer >= 1"),
-    ({"rank": 8}, "peft.rank", "did you mean r?"),
-    ({"lora_alpha": 16}, "peft.lora_alpha", "did you mean alpha?"),
-    ({"dropout": 1.0}, "peft.dropout", "a fraction in [0, 1)"),
-    ({"target_modules": "q_proj"}, "peft.target_modules", '"all-linear" or a list of module names'),
+    ({"rank": 8}, "peft.rank", "write r: 8"),
+    ({"alpha": 16}, "peft.alpha", "write lora_alpha: 16"),
+    ({"dropout": 0.1}, "peft.dropout", "write lora_dropout: 0.1"),
+    ({"lora_dropout": 1.0}, "peft.lora_dropout", "a fraction in [0, 1)"),
+    ({"lora_alhpa": 16}, "peft.lora_alhpa", "did you mean lora_alpha?"),
     ({"target_modules": []}, "peft.target_modules", '"all-linear" or a list of module names'),
 ])
 def test_a_bad_peft_block_names_the_field_and_the_fix(block, field, fix):
@@ -52,13 +53,23 @@ def test_a_bad_peft_block_names_the_field_and_the_fix(block, field, fix):
     assert str(e.value).startswith(f"{field}: ") and fix in str(e.value), e.value
 
 
-def test_every_bad_field_is_named_at_once_and_a_good_block_keeps_its_values():
+def test_every_bad_field_is_named_at_once_and_a_good_block_is_peft_s_own_config():
+    from peft import LoraConfig
+
     with pytest.raises(ValueError) as e:
         lora.parse({"r": -1, "alpha": 0, "colour": "red"})
     assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["peft.r", "peft.alpha", "peft.colour"]
-    spec = lora.parse({"r": 8, "alpha": 16, "dropout": 0, "target_modules": ["q_proj", "v_proj"]})
-    assert (spec.r, spec.alpha, spec.dropout, spec.target_modules) == (8, 16, 0, ["q_proj", "v_proj"])
+    config = lora.parse({"r": 8, "lora_alpha": 16, "lora_dropout": 0, "target_modules": ["q_proj", "v_proj"],
+                         "use_rslora": True})  # any LoraConfig field
+    assert isinstance(config, LoraConfig) and (config.r, config.lora_alpha, config.lora_dropout) == (8, 16, 0)
+    assert config.target_modules == {"q_proj", "v_proj"} and config.use_rslora and config.task_type == "CAUSAL_LM"
     assert lora.parse({}).target_modules == "all-linear" and lora.parse(None) is None
+
+
+def test_peft_s_own_checks_are_named_too():
+    """What only peft knows (here: layers_to_transform needs a list of target modules) fails before start too."""
+    with pytest.raises(ValueError, match="^peft: .*layers_to_transform"):
+        lora.parse({"target_modules": "all-linear", "layers_to_transform": [0]})
 
 
 def test_targets_that_match_no_module_are_refused_before_start_with_the_modules_there():
@@ -76,7 +87,7 @@ def test_the_yaml_block_and_a_json_override_reach_the_model_arguments(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("model_name_or_path: base\npeft:\n  r: 8\n  target_modules: [q_proj, v_proj]\n")
     assert load_arguments([str(path)])["peft"] == {"r": 8, "target_modules": ["q_proj", "v_proj"]}
-    assert load_arguments([str(path), "--peft", '{"r": 4, "alpha": 8}'])["peft"] == {"r": 4, "alpha": 8}
+    assert load_arguments([str(path), "--peft", '{"r": 4, "lora_alpha": 8}'])["peft"] == {"r": 4, "lora_alpha": 8}
 
 
 def test_the_saved_keys_are_the_parameter_names_by_peft_s_own_rule():

@@ -193,7 +193,7 @@ def test_plan_of_a_lora_recipe_plans_its_peft_block(capsys):
     assert "LoRA: 0.21B adapter parameters train" in out
     assert "choice    ZeRO-3 + checkpointing: micro batch 1 x accumulation 8 x 8 GPUs = global batch 64" in out
     assert main([*args, "--lora-dropout", "1.5"]) == 2
-    assert "dropout: input should be less than 1 (got 1.5): give a fraction in [0, 1)" in capsys.readouterr().err
+    assert "peft.lora_dropout: got 1.5: give a fraction in [0, 1)" in capsys.readouterr().err
 
 
 def test_plan_lora_dropout_0_keeps_no_dropped_out_copies(capsys):

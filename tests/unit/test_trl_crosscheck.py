@@ -66,3 +66,59 @@ def test_prompt_completion_ids_and_mask_equal_trl_completion_only_loss(tmp_path,
         mine = ours.prompt_completion(row["prompt"], row["completion"])
         assert mine["input_ids"] == their["input_ids"]
         assert mine["labels"] == their["labels"], row
+
+
+TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+"""The templates models ship, as TRL keeps them (byte for byte the Hub's): ChatML as Qwen2.5 writes it (with tool
+calls), Llama 3, Llama 3.1 (its date block), Qwen3 (reasoning)."""
+TOOL_ROW = {"messages": [
+    {"role": "user", "content": "what is 2 times 3?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "multiply", "arguments": {"a": 2, "b": 3}}}]},
+    {"role": "tool", "name": "multiply", "content": "6"},
+    {"role": "assistant", "content": "2 times 3 is 6."}],
+    "tools": [{"type": "function", "function": {"name": "multiply", "description": "a times b", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]}
+
+
+@pytest.mark.parametrize("name", ["qwen2_5", "llama3", "qwen3"])
+def test_real_templates_train_what_trl_trains(tmp_path, tokenizer, name):
+    """Templates without markers: ours and TRL's both render with TRL's training version of the template
+    (`get_training_chat_template`), so ids and masks are TRL's. Differences kept on purpose: our first label is
+    -100 (see above), and an end-of-turn token a template leaves outside its markers is trained by us (TRL warns)."""
+    template = (TEMPLATES / f"{name}.jinja").read_text()
+    tok = tokenizer.__class__.from_pretrained(ASSETS / "model")
+    tok.chat_template = template
+    rows = _lines("train.jsonl")[:20]
+    tool_rows = [TOOL_ROW] if name != "llama3" else []  # Llama 3's template knows no tools
+    theirs = [*_trl_rows(tmp_path, rows, tok, assistant_only_loss=True),  # apart: one dataset would give every
+              *(_trl_rows(tmp_path, tool_rows, tok, assistant_only_loss=True) if tool_rows else [])]  # turn None keys
+    ours = Tokenizer(tok, template, train_on_inputs=False)
+    assert ours.from_trl and ours.use_markers
+    for row, their in zip(rows + tool_rows, theirs, strict=True):
+        mine = ours.chat(row["messages"], row.get("tools"))
+        assert mine["input_ids"] == their["input_ids"]
+        trained_by_us_only = [i for i, (a, b) in enumerate(zip(mine["labels"], their["labels"])) if a != b]
+        assert all(their["labels"][i] == IGNORE and tok.convert_ids_to_tokens(mine["input_ids"][i]) in
+                   ("<|eot_id|>", "<|im_end|>", "</s>") for i in trained_by_us_only), row
+    if tool_rows:  # the assistant's call is trained, the tool's output is not
+        trained = tok.decode([t for t in mine["labels"] if t != IGNORE])
+        assert "multiply" in trained and "2 times 3 is 6." in trained and "\n6\n" not in trained
+
+
+def test_llama_3_1_which_trl_refuses_trains_the_assistant_s_turns_and_not_its_date_block(tmp_path, tokenizer):
+    """A difference kept on purpose: TRL has no training version of Llama 3.1's template and refuses it for
+    assistant-only loss; ours finds the assistant's tokens from the turns' renderings, the date block untrained."""
+    template = (TEMPLATES / "llama3_1.jinja").read_text()
+    tok = tokenizer.__class__.from_pretrained(ASSETS / "model")
+    tok.chat_template = template
+    rows = _lines("train.jsonl")[:20]
+    with pytest.raises(ValueError, match="not training-compatible"):
+        _trl_rows(tmp_path, rows, tok, assistant_only_loss=True)
+    ours = Tokenizer(tok, template, train_on_inputs=False)
+    assert not ours.from_trl and not ours.use_markers
+    for row in rows:
+        example = ours.chat(row["messages"])
+        trained = tok.decode([t for t in example["labels"] if t != IGNORE])
+        assert trained == "".join(m["content"] + "<|eot_id|>" for m in row["messages"] if m["role"] == "assistant")
+        assert "Cutting Knowledge Date" in tok.decode(example["input_ids"])
