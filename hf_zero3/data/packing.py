@@ -21,10 +21,16 @@ def attention_of(model) -> str:
     return getattr(model.config, "_attn_implementation", None) or "eager"
 
 
+def flattens(attention: str) -> bool:
+    """Whether packed rows are flattened into one row per micro batch for this attention kernel (flash attention's
+    varlen kernels); other kernels keep each packed row a row."""
+    return "flash" in attention
+
+
 def packing_problem(model_class: type, attention: str) -> str | None:
     """Why packing would let one example attend to another in a model of this class with this attention kernel
     (None: it would not)."""
-    if "flash" in attention:  # varlen kernels over the flattened row
+    if flattens(attention):  # varlen kernels over the flattened row
         return None
     module = sys.modules.get(model_class.__module__)
     if module is not None and any(hasattr(module, name) for name in MASK_BUILDERS):

@@ -19,8 +19,8 @@ import torch
 from packaging.version import Version
 
 from hf_zero3.config.check import load_config
-from hf_zero3.data.collate import attention_of as kernel_of
-from hf_zero3.data.collate import flattens
+from hf_zero3.data.packing import attention_of as kernel_of
+from hf_zero3.data.packing import flattens
 from hf_zero3.run.arguments import UsageError
 
 ATTENTIONS = ("sdpa", "flash_attention_2", "flash_attention_3")

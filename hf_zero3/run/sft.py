@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from hf_zero3.data.build import PACKED, Prepared
-from hf_zero3.data.packing import attention_of, packing_problem
+from hf_zero3.data.packing import attention_of, flattens, packing_problem
 from hf_zero3.run.arguments import TrainingArguments
 
 
@@ -72,7 +72,7 @@ def sft_trainer(model, training_args, data_args, prepared: Prepared, tokenizer):
     trainer = SFTTrainer(model=model, args=args, train_dataset=prepared.train, eval_dataset=prepared.eval,
                          processing_class=tokenizer)
     base = model.get_base_model() if hasattr(model, "peft_config") else model
-    if prepared.layout == PACKED and "flash" not in attention_of(base):
+    if prepared.layout == PACKED and not flattens(attention_of(base)):
         trainer.data_collator = PackedRows(trainer.data_collator.pad_token_id)
     return trainer
 
