@@ -177,7 +177,7 @@ def test_packed_rows_flattened_for_flash_attention_take_micro_batch_1_under_sequ
     model.config._attn_implementation = "flash_attention_2"  # what a GPU run loads; the check reads only the name
     args = types.SimpleNamespace(sequence_parallel_size=2, per_device_train_batch_size=4)
     with pytest.raises(UsageError) as error:
-        sequence_parallel.prepare(model, args, {"data_collator": None}, None, packed=True)
+        sequence_parallel.prepare(model, args, packed=True)
     error_naming(str(error.value), "flattened", "set per_device_train_batch_size 1")
 
 

@@ -185,12 +185,11 @@ def _plans(recipe: Path, hardware=None):
     from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
     from hf_zero3.plan.choose import choose
-    from hf_zero3.plan.lora import adapter as lora_adapter
     from hf_zero3.plan.memory import plan
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
     from hf_zero3.plan.types import Hardware, Training
-    from hf_zero3.run.lora import parse as parse_lora
+    from hf_zero3.run.lora import planned as planned_adapter
 
     target = _target(recipe)
     if target.gpu_mem is None:
@@ -205,8 +204,7 @@ def _plans(recipe: Path, hardware=None):
     hardware = hardware or Hardware(target.nodes, target.gpus, parse_size(target.gpu_mem), None)
     spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
     liger = bool(values.get("use_liger_kernel"))
-    lora = None if values.get("peft") is None else parse_lora(values["peft"])  # a LoRA recipe: its adapter
-    adapter = lora and lora_adapter(shape, lora.r, lora.target_modules, lora.dropout)
+    adapter = planned_adapter(shape, values.get("peft"))  # a LoRA recipe: its adapter
     ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger, adapter=adapter), spec)
     best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision,
                   liger=liger, adapter=adapter).plan
