@@ -1,0 +1,139 @@
+"""TRL's preference trainers (DPO, ORPO, SimPO, KTO) set up from our arguments, as `run.sft` sets up SFTTrainer.
+
+The run's TrainingArguments object becomes the stage's TRL config in place (the DeepSpeed bridge and our callbacks
+already hold it); `stage_args` fill TRL's own fields. The reference model, one of three ways, said in the banner:
+- LoRA: none; TRL scores the reference with the adapter disabled (no second copy);
+- precompute_ref_log_probs: one pass before training, its log-probs cached in output_dir/reference_logps/ (a folder
+  every rank reads; TRL's cache file is named by a hash of the data and the reference weights, so a resumed or
+  repeated run reuses it and another reference or data computes anew);
+- otherwise a second model, loaded exactly as the policy is (partitioned while it loads under ZeRO-3, the same
+  attention kernel and leaf modules), which TRL wraps in an inference-only DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+from trl import DPOConfig, KTOConfig
+from trl.experimental.cpo import CPOConfig
+from trl.experimental.orpo import ORPOConfig
+
+from hf_zero3.data.build import Prepared
+from hf_zero3.data.preference import build_preference
+from hf_zero3.run.arguments import TrainingArguments
+from hf_zero3.run.stages import STAGE_DEFAULTS, Stage
+
+
+@dataclasses.dataclass
+class DPOTrainingArguments(TrainingArguments, DPOConfig):
+    """Our TrainingArguments read as a DPOConfig (never parsed: `as_stage_config`); module-level so checkpoints can
+    pickle it."""
+
+
+@dataclasses.dataclass
+class KTOTrainingArguments(TrainingArguments, KTOConfig):
+    """Our TrainingArguments read as a KTOConfig."""
+
+
+@dataclasses.dataclass
+class ORPOTrainingArguments(TrainingArguments, ORPOConfig):
+    """Our TrainingArguments read as an ORPOConfig."""
+
+
+@dataclasses.dataclass
+class CPOTrainingArguments(TrainingArguments, CPOConfig):
+    """Our TrainingArguments read as a CPOConfig (SimPO)."""
+
+
+ARGUMENT_CLASSES = {"dpo": DPOTrainingArguments, "kto": KTOTrainingArguments, "orpo": ORPOTrainingArguments,
+                    "simpo": CPOTrainingArguments}
+
+REFERENCE_FOLDER = "reference_logps"
+
+
+def as_stage_config(training_args: TrainingArguments, stage: Stage, data_args):
+    """The run's TrainingArguments read by the stage's trainer as its TRL config, in place: TRL's own fields take
+    their defaults, then the stage's defaults and `stage_args` (TRL's normalisations applied: a single loss type
+    becomes a list where TRL keeps a list), then block_size as max_length."""
+    mine = set(vars(training_args))
+    config_class = stage.config_class()
+    training_args.__class__ = ARGUMENT_CLASSES[stage.name]
+    defaults = {}
+    for f in dataclasses.fields(config_class):
+        if f.name not in mine and f.init:
+            defaults[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            setattr(training_args, f.name, defaults[f.name])
+    for key, value in {**STAGE_DEFAULTS.get(stage.name, {}), **(training_args.stage_args or {})}.items():
+        setattr(training_args, key, [value] if isinstance(defaults.get(key), list) and
+                not isinstance(value, list) else value)
+    if getattr(training_args, "pad_to_multiple_of", None) == "auto":  # resolved in TRL's __post_init__: None off Neuron
+        training_args.pad_to_multiple_of = None
+    training_args.max_length = data_args.block_size
+    training_args.dataset_num_proc = data_args.preprocessing_num_workers
+    return training_args
+
+
+def build_data(stage: Stage, data_args, tokenizer, training_args) -> Prepared:
+    """The preference rows, built on rank 0 first (the others read its cache)."""
+    with training_args.main_process_first(desc="load and check preference data"):
+        return build_preference(data_args, tokenizer, stage.columns, training_args.seed)
+
+
+def _on_shared_disk(dataset: datasets.Dataset | None, folder: Path, training_args) -> datasets.Dataset | None:
+    """The dataset saved once in `folder` (under output_dir, named by its fingerprint) and read back from there on
+    every rank, so the cache files TRL writes next to it (the precomputed reference log-probs) are one set all ranks
+    read: an in-memory dataset would send each rank's cache to its own temporary folder."""
+    if dataset is None:
+        return None
+    where = folder / dataset._fingerprint
+    with training_args.main_process_first(desc="store the preference data with the run"):
+        if not (where / "state.json").is_file() and training_args.process_index == 0:
+            dataset.save_to_disk(str(where))
+    return datasets.load_from_disk(str(where))
+
+
+def reference_way(stage: Stage, model, model_args, training_args) -> str:
+    """Which way the reference model is had: what the banner says."""
+    if not stage.reference:
+        return "none (reference-free loss)"
+    if hasattr(model, "peft_config"):
+        return "the base model with the LoRA adapter disabled (no second copy)"
+    if getattr(training_args, "precompute_ref_log_probs", False):
+        return (f"log-probs precomputed once before training, cached in "
+                f"{Path(training_args.output_dir) / REFERENCE_FOLDER} (reused while data and weights hash the same)")
+    source = model_args.ref_model_name_or_path or "the policy's starting weights"
+    return f"a second model ({source}), inference-only DeepSpeed engine partitioned like the policy"
+
+
+def preference_trainer(stage: Stage, model, tokenizer, model_args, data_args, training_args, prepared: Prepared,
+                       load_reference: Callable[[], object]):
+    """The stage's TRL trainer over the prepared rows, the reference model had the chosen way."""
+    args = as_stage_config(training_args, stage, data_args)
+    train, evaluation = prepared.train, prepared.eval
+    kwargs = {}
+    if stage.reference:
+        separate = not hasattr(model, "peft_config") and (
+            not args.precompute_ref_log_probs or model_args.ref_model_name_or_path)
+        kwargs["ref_model"] = load_reference() if separate else None
+        if args.precompute_ref_log_probs:
+            folder = Path(args.output_dir) / REFERENCE_FOLDER
+            train, evaluation = (_on_shared_disk(d, folder, args) for d in (train, evaluation))
+    trainer = stage.trainer_class()(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
+                                    processing_class=tokenizer, **kwargs)
+    trainer.stage_description = describe(stage, args, reference_way(stage, model, model_args, args))
+    return trainer
+
+
+def describe(stage: Stage, args, reference: str) -> str:
+    """The stage line of the run's banner (and of the model card): trainer, loss, beta, reference."""
+    loss = getattr(args, "loss_type", stage.name)  # ORPO has one loss
+    loss = loss if isinstance(loss, str) else "+".join(loss)
+    return (f"stage {stage.name} (TRL {stage.trainer.split(':')[1]}) | loss {loss} | beta {args.beta} | "
+            f"reference: {reference}")
+
+
+def stage_banner(trainer, model) -> str:
+    return f"hf_zero3: {trainer.stage_description}"
