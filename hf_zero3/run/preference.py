@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import datasets
+import transformers
 from trl import DPOConfig, KTOConfig
 from trl.experimental.cpo import CPOConfig
 from trl.experimental.orpo import ORPOConfig
@@ -24,7 +25,7 @@ from trl.experimental.orpo import ORPOConfig
 from hf_zero3.data.build import Prepared
 from hf_zero3.data.preference import build_preference
 from hf_zero3.run.arguments import TrainingArguments
-from hf_zero3.run.stages import STAGE_DEFAULTS, Stage
+from hf_zero3.run.stages import STAGE_DEFAULTS, TRAINING_DEFAULTS, Stage
 
 
 @dataclasses.dataclass
@@ -69,6 +70,9 @@ def as_stage_config(training_args: TrainingArguments, stage: Stage, data_args):
     for key, value in {**STAGE_DEFAULTS.get(stage.name, {}), **(training_args.stage_args or {})}.items():
         setattr(training_args, key, [value] if isinstance(defaults.get(key), list) and
                 not isinstance(value, list) else value)
+    for key, value in TRAINING_DEFAULTS.get(stage.name, {}).items():
+        if getattr(training_args, key) == transformers.TrainingArguments.__dataclass_fields__[key].default:
+            setattr(training_args, key, value)
     if getattr(training_args, "pad_to_multiple_of", None) == "auto":  # resolved in TRL's __post_init__: None off Neuron
         training_args.pad_to_multiple_of = None
     training_args.max_length = data_args.block_size

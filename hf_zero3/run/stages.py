@@ -54,6 +54,11 @@ STAGES = {stage.name: stage for stage in (
 """SimPO is TRL's CPOTrainer with loss_type simpo (set by default for this stage)."""
 
 STAGE_DEFAULTS = {"simpo": {"loss_type": "simpo", "cpo_alpha": 0.0}}
+"""TRL fields a stage sets unless `stage_args` says otherwise."""
+
+TRAINING_DEFAULTS = {"kto": {"train_sampling_strategy": "sequential"}}
+"""Training arguments a stage needs other than transformers' default, used while the run leaves them at that default
+(KTO's loss pairs each example with its neighbours in a fixed-order batch)."""
 
 
 def stage_of(values: dict[str, Any]) -> Stage:
