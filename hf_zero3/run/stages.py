@@ -15,7 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hf_zero3.data.preference import PAIRS, UNPAIRED, Columns
+from hf_zero3.data.arguments import DataArguments
+from hf_zero3.data.errors import DataError
+from hf_zero3.data.loading import load_file
+from hf_zero3.data.preference import PAIRS, UNPAIRED, Columns, load_checked, row_problems
 
 SET_BY_US = {"max_length": "block_size", "dataset_num_proc": "preprocessing_num_workers",
              "model_init_kwargs": "model_name_or_path / dtype / attn_implementation",
@@ -169,11 +172,6 @@ def _reference_config_problem(values: dict[str, Any]) -> str | None:
 def stage_problems(values: dict[str, Any]) -> list[str] | None:
     """The stage's arguments, reference model and data checked (one line each); None for sft with nothing wrong in
     its stage arguments (SFT's own data checks apply)."""
-    from hf_zero3.data.arguments import DataArguments
-    from hf_zero3.data.errors import DataError
-    from hf_zero3.data.preference import load_checked, row_problems
-    from hf_zero3.data.loading import load_file
-
     problems = stage_arg_problems(values)
     stage = STAGES.get(values.get("stage") or "sft")
     if stage is None or stage.columns is None:
