@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan import preference
 from hf_zero3.plan.lora import linear_layers
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.types import Hardware, Plan, Term, Training
@@ -353,6 +354,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
             "activation", phase="backward")
     add("gpu", "backward working set beyond the logits peak", t * max(0, work - logits),
         f"{t} tokens x max(0, {work_text} - {logits} B)", "activation", phase="backward")
+    terms += preference.reference_terms(shape, hardware, training, spec, b)  # a preference stage's second model
+    notes += preference.notes(training)
     allocated = Plan(shape, hardware, training, spec, tuple(terms)).gpu_allocated_bytes
     fixed = hardware.fixed
     margin, tight = dict(fixed.gpu_margin)[stage], dict(fixed.gpu_margin_near_full).get(stage)

@@ -133,11 +133,11 @@ def stage_arg_problems(values: dict[str, Any]) -> list[str]:
         return [f"{e}: set stage to one of them"]
     args = values.get("stage_args") or {}
     if not isinstance(args, dict):
-        return [f"stage_args is {args!r}: give a mapping of TRL's {stage.config.split(':')[1]} arguments, e.g. "
-                "{beta: 0.1}"]
+        return [(f"stage_args is {args!r}: give a mapping of TRL's {stage.config.split(':')[1]} arguments, e.g. "
+                 "{beta: 0.1}")]
     if stage.name == "sft":
-        return ["stage_args is for the preference stages (dpo, orpo, simpo, kto): set stage, or move TRL's SFT "
-                "arguments to the top level"] if args else []
+        return [("stage_args is for the preference stages (dpo, orpo, simpo, kto): set stage, or move TRL's SFT "
+                 "arguments to the top level")] if args else []
     if values.get("ref_model_name_or_path") and not stage.reference:
         return [f"ref_model_name_or_path: stage {stage.name} is reference-free; remove it or use stage dpo or kto"]
     fields = own_fields(stage)
