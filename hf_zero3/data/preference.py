@@ -130,7 +130,7 @@ def load_checked(data_args: DataArguments, columns: Columns) -> list[tuple[DataS
 
 def build_preference(data_args: DataArguments, tokenizer, columns: Columns, seed: int) -> Prepared:
     """The train (and eval) rows for a preference stage: checked, fitted to block_size, mixed."""
-    map_args = dict(num_proc=data_args.preprocessing_num_workers, load_from_cache_file=not data_args.overwrite_cache)
+    map_args = {"num_proc": data_args.preprocessing_num_workers, "load_from_cache_file": not data_args.overwrite_cache}
     parts, notes, dropped = [], [], 0
     for source, rows in load_checked(data_args, columns):
         kept, lost, note = _fitted(rows, tokenizer, columns, data_args.block_size, source.label, map_args)

@@ -100,15 +100,14 @@ def _on_shared_disk(dataset: datasets.Dataset | None, folder: Path, training_arg
 
 
 def reference_way(stage: Stage, model, model_args, training_args) -> str:
-    """Which way the reference model is had: what the banner says."""
+    """Which way the reference model is had, without local paths (the model card repeats it)."""
     if not stage.reference:
         return "none (reference-free loss)"
     if hasattr(model, "peft_config"):
         return "the base model with the LoRA adapter disabled (no second copy)"
     if getattr(training_args, "precompute_ref_log_probs", False):
-        return (f"log-probs precomputed once before training, cached in "
-                f"{Path(training_args.output_dir) / REFERENCE_FOLDER} (reused while data and weights hash the same)")
-    source = model_args.ref_model_name_or_path or "the policy's starting weights"
+        return "log-probs precomputed once before training"
+    source = "another model" if model_args.ref_model_name_or_path else "the policy's starting weights"
     return f"a second model ({source}), inference-only DeepSpeed engine partitioned like the policy"
 
 
@@ -139,5 +138,8 @@ def describe(stage: Stage, args, reference: str) -> str:
             f"reference: {reference}")
 
 
-def stage_banner(trainer, model) -> str:
-    return f"hf_zero3: {trainer.stage_description}"
+def stage_banner(trainer) -> str:
+    """The stage line of the run's banner: the card's, and where precomputed log-probs are cached."""
+    where = (f" in {Path(trainer.args.output_dir) / REFERENCE_FOLDER} (reused while data and reference weights hash "
+             "the same)" if getattr(trainer.args, "precompute_ref_log_probs", False) else "")
+    return f"hf_zero3: {trainer.stage_description}{where}"

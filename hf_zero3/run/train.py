@@ -316,6 +316,8 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
                                lambda: _reference_model(model_args, training_args, model))
     except ValueError as e:  # packing that would cross-talk, a Liger loss TRL cannot use, ...
         raise UsageError(str(e)) from e
+    if stage.columns is not None:  # the model card names the stage (each checkpoint's marker records it)
+        sources["stage"] = trainer.stage_description
     for callback in callbacks:  # the real tokens of a row, known once TRL has packed them
         if isinstance(callback, ThroughputCallback):
             callback.tokens_per_sample = prepared.tokens / max(len(trainer.train_dataset), 1)
@@ -336,7 +338,7 @@ def _trained(trainer, model, training_args, data_args, resume, preemption) -> di
         print(_banner(trainer), flush=True)
         if training_args.stage != "sft":
             from hf_zero3.run.preference import stage_banner
-            print(stage_banner(trainer, model), flush=True)
+            print(stage_banner(trainer), flush=True)
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError

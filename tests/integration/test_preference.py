@@ -58,6 +58,8 @@ def test_dpo_steps_equal_trls_dpo_trainer_and_a_precomputed_reference_gives_the_
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (key, mine, theirs)
     assert mine[0]["loss"] == pytest.approx(0.6931, abs=1e-4) and mine[-1]["rewards/margins"] != 0
+    marker = json.loads((tmp_path / "ours/checkpoint-3/hf_zero3_complete.json").read_text())
+    assert marker["sources"]["stage"].startswith("stage dpo (TRL DPOTrainer) | loss sigmoid | beta 0.1 | reference")
 
     pre = train(tmp_path / "pre", "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS,
                 "--stage_args", '{"precompute_ref_log_probs": true}')
@@ -75,3 +77,13 @@ def test_kto_and_orpo_train_and_their_loss_falls(tmp_path, stage, data):
     assert f"stage {stage} (TRL " in proc.stdout
     losses = [r["loss"] for r in steps(train_log(out))]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
+
+
+def test_dpo_with_lora_scores_the_reference_with_the_adapter_off_and_saves_a_verified_adapter(tmp_path, weights):
+    out = tmp_path / "lora"
+    proc = train(out, "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS, "--learning_rate",
+                 "3e-3", "--peft", '{"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}')
+    assert "reference: the base model with the LoRA adapter disabled" in proc.stdout
+    logged = steps(train_log(out))
+    assert logged[0]["loss"] == pytest.approx(0.6931, abs=1e-4)  # adapter B starts at zero: policy = reference
+    assert logged[-1]["rewards/margins"] != 0 and (out / "adapter_model.safetensors").is_file()
