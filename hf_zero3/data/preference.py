@@ -10,6 +10,7 @@ end at different places; such pairs are dropped here instead, and the run says h
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import datasets
@@ -107,10 +108,21 @@ def _length_fn(tokenizer, columns: Columns):
     return lengths
 
 
+def _fingerprint(rows: datasets.Dataset, tokenizer, columns: Columns, block_size: int) -> str:
+    """What the measured rows depend on, named without hashing the tokenizer object (`datasets` falls back to a random
+    fingerprint for it, so every run would look new: the reference log-probs cached by it would never be reused)."""
+    what = (rows._fingerprint, tokenizer.name_or_path, len(tokenizer), tokenizer.chat_template or "",
+            tokenizer.eos_token, columns, block_size)
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:16]
+
+
 def _fitted(rows: datasets.Dataset, tokenizer, columns: Columns, block_size: int, label: str, map_args: dict):
     """The rows whose every sequence fits block_size (whole pairs dropped otherwise), and a note of the count."""
-    measured = rows.map(_length_fn(tokenizer, columns), desc=f"measure {label}", **map_args)
-    kept = measured.filter(lambda n: n <= block_size, input_columns="length", **map_args)
+    key = _fingerprint(rows, tokenizer, columns, block_size)
+    measured = rows.map(_length_fn(tokenizer, columns), desc=f"measure {label}", new_fingerprint=f"{key}-measured",
+                        **map_args)
+    kept = measured.filter(lambda n: n <= block_size, input_columns="length", new_fingerprint=f"{key}-fitted",
+                           **map_args)
     dropped = len(measured) - len(kept)
     what = "pairs" if columns is PAIRS else "examples"
     note = [f"{label}: {dropped} {what} longer than block_size={block_size} dropped whole"] if dropped else []

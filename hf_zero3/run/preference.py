@@ -13,10 +13,13 @@ already hold it); `stage_args` fill TRL's own fields. The reference model, one o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import datasets
+import deepspeed
+import torch
 import transformers
 from trl import DPOConfig, KTOConfig
 from trl.experimental.cpo import CPOConfig
@@ -86,17 +89,67 @@ def build_data(stage: Stage, data_args, tokenizer, training_args) -> Prepared:
         return build_preference(data_args, tokenizer, stage.columns, training_args.seed)
 
 
-def _on_shared_disk(dataset: datasets.Dataset | None, folder: Path, training_args) -> datasets.Dataset | None:
-    """The dataset saved once in `folder` (under output_dir, named by its fingerprint) and read back from there on
-    every rank, so the cache files TRL writes next to it (the precomputed reference log-probs) are one set all ranks
-    read: an in-memory dataset would send each rank's cache to its own temporary folder."""
+def weights_hash(model) -> str:
+    """sha256 of the model's weights, gathered one parameter at a time under ZeRO-3 (on every rank: a collective).
+    TRL hashes `state_dict()`, which under ZeRO-3 holds only empty partitions: the same hash for any weights."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        if hasattr(param, "ds_id"):  # partitioned by ZeRO-3: gathered whole for the moment it is read
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                data = param.detach().to("cpu", torch.float32).numpy().tobytes()
+        else:
+            data = param.detach().to("cpu", torch.float32).numpy().tobytes()
+        digest.update(name.encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _key_of(dataset: datasets.Dataset, weights: str) -> str:
+    return hashlib.sha256(f"{dataset._fingerprint}:{weights}".encode()).hexdigest()[:16]
+
+
+def _on_shared_disk(dataset: datasets.Dataset | None, folder: Path, key: str, training_args) -> datasets.Dataset | None:
+    """The dataset saved once in `folder` (under output_dir, named by the hash of its rows and of the reference
+    weights) and read back from there on every rank, so the cache files TRL writes next to it (the precomputed
+    reference log-probs) are one set all ranks read: an in-memory dataset would send each rank's cache to its own
+    temporary folder. Another reference or other data gets another folder, computed anew."""
     if dataset is None:
         return None
-    where = folder / dataset._fingerprint
+    where = folder / _key_of(dataset, key)
     with training_args.main_process_first(desc="store the preference data with the run"):
         if not (where / "state.json").is_file() and training_args.process_index == 0:
             dataset.save_to_disk(str(where))
     return datasets.load_from_disk(str(where))
+
+
+class StoredReferenceLogps:
+    """Mixed into TRL's DPO/KTO trainer: the precomputed reference log-probs stored in `args.reference_logps_folder`
+    (keyed by data, tokenizer and reference weights) and read back from there by a resumed or repeated run. TRL's
+    own cache never hits across runs: its tokenizing map hashes the tokenizer to a random fingerprint each time."""
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        folder = getattr(self.args, "reference_logps_folder", None)
+        if folder is None:
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+        stored = Path(folder) / f"logps-{name}"
+        if (stored / "state.json").is_file():
+            logps = datasets.load_from_disk(str(stored))
+            if len(logps) == len(dataset):
+                return datasets.concatenate_datasets([dataset, logps], axis=1)
+        computed = super()._precompute_ref_logps(dataset, name, batch_size)
+        if self.accelerator.is_main_process:
+            added = [c for c in computed.column_names if c not in dataset.column_names]
+            computed.select_columns(added).save_to_disk(str(stored))
+        self.accelerator.wait_for_everyone()
+        return computed
+
+
+def _stored_class(trainer_class: type) -> type:
+    """TRL's trainer with the stored reference log-probs (a module-level name per class, so it pickles)."""
+    name = f"Stored{trainer_class.__name__}"
+    if name not in globals():
+        globals()[name] = type(name, (StoredReferenceLogps, trainer_class), {"__module__": __name__})
+    return globals()[name]
 
 
 def reference_way(stage: Stage, model, model_args, training_args) -> str:
@@ -122,9 +175,12 @@ def preference_trainer(stage: Stage, model, tokenizer, model_args, data_args, tr
             not args.precompute_ref_log_probs or model_args.ref_model_name_or_path)
         kwargs["ref_model"] = load_reference() if separate else None
         if args.precompute_ref_log_probs:
-            folder = Path(args.output_dir) / REFERENCE_FOLDER
-            train, evaluation = (_on_shared_disk(d, folder, args) for d in (train, evaluation))
-    trainer = stage.trainer_class()(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
+            folder, key = Path(args.output_dir) / REFERENCE_FOLDER, weights_hash(kwargs["ref_model"] or model)
+            args.reference_logps_folder = str(folder / _key_of(train, key))
+            train, evaluation = (_on_shared_disk(d, folder, key, args) for d in (train, evaluation))
+    trainer_class = _stored_class(stage.trainer_class()) if getattr(args, "precompute_ref_log_probs", False) \
+        else stage.trainer_class()
+    trainer = trainer_class(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                                     processing_class=tokenizer, **kwargs)
     trainer.stage_description = describe(stage, args, reference_way(stage, model, model_args, args))
     return trainer

@@ -64,9 +64,18 @@ def test_dpo_steps_equal_trls_dpo_trainer_and_a_precomputed_reference_gives_the_
     pre = train(tmp_path / "pre", "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS,
                 "--stage_args", '{"precompute_ref_log_probs": true}')
     assert "reference: log-probs precomputed" in pre.stdout
-    assert list((tmp_path / "pre/reference_logps").glob("*/cache-*.arrow"))  # one folder every rank read
     for a, b in zip(steps(train_log(tmp_path / "pre")), mine):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    stored = list((tmp_path / "pre/reference_logps").glob("*/logps-train/*.arrow"))
+    assert len(stored) == 1, stored  # keyed by data, tokenizer and reference weights
+    assert "Computing reference log probs" in pre.stdout + pre.stderr
+    written = stored[0].stat().st_mtime_ns
+    resumed = train(tmp_path / "pre", "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS,
+                    "--stage_args", '{"precompute_ref_log_probs": true}', "--max_steps", "4",
+                    "--resume_from_checkpoint", "auto")
+    assert "Computing reference log probs" not in resumed.stdout + resumed.stderr  # read back, not computed again
+    assert stored[0].stat().st_mtime_ns == written
+    assert steps(train_log(tmp_path / "pre"))[-1]["step"] == 4  # resumed, the reference log-probs reused
 
 
 @pytest.mark.parametrize(("stage", "data"), [("kto", UNPAIRED), ("orpo", PAIRS)])
