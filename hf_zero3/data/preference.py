@@ -173,3 +173,31 @@ def build_preference(data_args: DataArguments, tokenizer, columns: Columns, seed
     what = "pairs" if columns is PAIRS else "examples"
     notes.append(f"{len(train)} train {what}: {tokens} tokens of prompt and answers")
     return Prepared(train, evaluation, PAIRED, tokens, attended, notes, tokens, dropped)
+
+
+def _answer_ids(tokenizer, prompt, answer) -> tuple[list[int], int]:
+    """prompt + answer tokenized as TRL does (the chat template for conversations, EOS after text), and where the
+    answer starts: where the tokens of the prompt alone and of prompt + answer part."""
+    if isinstance(answer, str):
+        prompt_ids = tokenizer(prompt or "")["input_ids"]
+        ids = tokenizer((prompt or "") + answer)["input_ids"] + [tokenizer.eos_token_id]
+    else:
+        prompt_ids = tokenizer.apply_chat_template(prompt or [], add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"] if prompt else []
+        ids = tokenizer.apply_chat_template((prompt or []) + answer, tokenize=True, return_dict=True)["input_ids"]
+    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
+    return ids, start
+
+
+def preference_preview(data_args: DataArguments, tokenizer, columns: Columns, seed: int, show: int):
+    """What `hf-zero3 data` shows for a preference stage: the counts, each shown row's answers ({input_ids, labels,
+    answer}: the prompt's labels -100, the answer's its tokens), and the notes."""
+    prepared = build_preference(data_args, tokenizer, columns, seed)
+    examples = []
+    for row in prepared.train.select(range(min(show, len(prepared.train)))):
+        for name in columns.answers:
+            ids, start = _answer_ids(tokenizer, row.get("prompt"), row[name])
+            examples.append({"answer": name, "input_ids": ids, "labels": [-100] * start + ids[start:]})
+    counts = {"layout": prepared.layout, "examples": len(prepared.train), "tokens": prepared.tokens,
+              "dropped": prepared.dropped}
+    return counts, examples, prepared.notes

@@ -82,3 +82,14 @@ def test_over_long_pairs_are_dropped_whole_and_counted(tmp_path):
     assert prepared.dropped == 1 and len(prepared.train) == 2
     assert prepared.train[0] == ROW and prepared.train[1] == ROW
     assert any("1 pairs longer than block_size=32 dropped whole" in n for n in prepared.notes)
+
+
+def test_hf_zero3_data_shows_each_pairs_chosen_and_rejected_with_the_answer_trained(capsys):
+    from hf_zero3.cli import main
+
+    assert main(["data", str(TINY_YAML), "--stage", "dpo", "--train_file", str(PAIRS_FILE), "--validation_file",
+                 "null", "--block_size", "32", "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "44 pairs longer than block_size=32 dropped whole" in out and "examples 356" in out
+    assert "chosen, trained between" in out and "rejected, trained between" in out
+    assert "answer:« four minus one is three.</s>»" in out  # the prompt untrained, the answer and its EOS trained
