@@ -273,7 +273,9 @@ def _reference_model(model_args, training_args, policy):
     set_seed(training_args.seed)
     source = model_args.ref_model_name_or_path or model_args.model_name_or_path
     reference, _ = _load_model_and_tokenizer(dataclasses.replace(model_args, model_name_or_path=source, peft=None))
-    experts.set_leaf_modules(reference, model_args.leaf_modules, training_args)
+    leaves = experts.set_leaf_modules(reference, model_args.leaf_modules, training_args)
+    if leaves and is_world_process_zero():
+        print(f"hf_zero3: reference model: {leaves}", flush=True)
     return reference
 
 

@@ -96,3 +96,13 @@ def test_dpo_with_lora_scores_the_reference_with_the_adapter_off_and_saves_a_ver
     logged = steps(train_log(out))
     assert logged[0]["loss"] == pytest.approx(0.6931, abs=1e-4)  # adapter B starts at zero: policy = reference
     assert logged[-1]["rewards/margins"] != 0 and (out / "adapter_model.safetensors").is_file()
+
+
+def test_the_reference_of_a_mixture_of_experts_gets_the_policys_leaf_modules(tmp_path):
+    """Prepared as the policy is: without ZeRO-3 leaf modules an expert block's ranks fetch different experts."""
+    out = tmp_path / "moe"
+    proc = train(out, "--stage", "dpo", "--config_name", ROOT / "assets/tiny/mixtral", "--tokenizer_name",
+                 ROOT / "assets/tiny/model", "--train_file", PAIRS)
+    assert "hf_zero3: reference model: ZeRO-3 leaf modules" in proc.stdout and "MixtralSparseMoeBlock x2" in proc.stdout
+    first = steps(train_log(out))[0]  # its loss adds the router's auxiliary loss to DPO's log 2
+    assert first["rewards/chosen"] == first["rewards/rejected"] == 0  # the same random start as the policy
