@@ -53,3 +53,26 @@ def test_plan_stage_dpo_prints_the_reference_and_needs_more_memory(capsys):
     assert "reference model, 16-bit (dpo)" in names, names
     assert dpo["breakdown_of"]["gpu_bytes"] > sft["breakdown_of"]["gpu_bytes"]
     assert any("chosen and rejected in one forward" in note for note in dpo["breakdown_of"]["notes"])
+
+
+def test_the_oom_advice_of_a_dpo_run_plans_its_pairs_and_reference():
+    import re
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from hf_zero3.config.build import build_ds_config
+    from hf_zero3.run.oom import oom_advice_for_run
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256)
+    args = {"hf_deepspeed_config": SimpleNamespace(config=build_ds_config(ZeroSpec(stage=3))),
+            "deepspeed": "ds.json", "bf16": True, "fp16": False, "gradient_checkpointing": True, "world_size": 8,
+            "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1}
+    planned = {}
+    for stage in ("sft", "dpo"):
+        advice = oom_advice_for_run(config, SimpleNamespace(**args, stage=stage, stage_args={}), 2048,
+                                    hardware=A100X8)
+        planned[stage] = float(re.search(r"Planned for this run: ([\d.]+) GB", advice).group(1))
+    reference = 2 * SHAPE.params / 8 / 1e9  # its 16-bit partition, GB
+    assert planned["dpo"] - planned["sft"] > reference, planned
