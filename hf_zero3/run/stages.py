@@ -140,6 +140,9 @@ def stage_arg_problems(values: dict[str, Any]) -> list[str]:
                  "arguments to the top level")] if args else []
     if values.get("ref_model_name_or_path") and not stage.reference:
         return [f"ref_model_name_or_path: stage {stage.name} is reference-free; remove it or use stage dpo or kto"]
+    if values.get("ref_model_name_or_path") and values.get("peft"):
+        return [("ref_model_name_or_path with peft: a LoRA run's reference is its base with the adapter disabled; "
+                 "remove ref_model_name_or_path, or drop peft to train against another reference")]
     fields = own_fields(stage)
     problems = [p for key in args if (p := _key_problem(key, stage, fields))]
     return problems or _value_problems(args, stage, fields, values)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.preference import PAIRS, build_preference
@@ -33,6 +33,14 @@ def other_vocabulary(tmp_path) -> str:
     return str(tmp_path / "other")
 
 
+def tmp_weights(tmp_path):
+    """The tiny model with random weights saved as a LoRA run's base."""
+    folder = tmp_path / "base"
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ROOT / "assets/tiny/model")).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(ROOT / "assets/tiny/model").save_pretrained(folder)
+    return folder
+
+
 CASES = {  # name: (overrides (a callable of tmp_path for files), field named, phrases of the fix)
     "chosen missing": (lambda t: {"train_file": rows_file(t, [{"prompt": "a", "rejected": "b"}])},
                        "no chosen column", ("rename",)),
@@ -50,6 +58,10 @@ CASES = {  # name: (overrides (a callable of tmp_path for files), field named, p
     "precompute with a synced reference": (lambda t: {"stage_args": {"precompute_ref_log_probs": True,
                                                                      "sync_ref_model": True}},
                                            "precompute_ref_log_probs", ("set one of them false",)),
+    "a reference model with LoRA": (lambda t: {"ref_model_name_or_path": str(ROOT / "assets/tiny/model"),
+                                              "peft": {"r": 8}, "model_name_or_path": str(tmp_weights(t))},
+                                    "ref_model_name_or_path with peft",
+                                    ("remove ref_model_name_or_path",)),
     "unknown stage": (lambda t: {"stage": "dpoo"}, "stage 'dpoo'", ("did you mean dpo",)),
     "a training argument in stage_args": (lambda t: {"stage_args": {"learning_rate": 1e-6}},
                                           "stage_args.learning_rate", ("top level",)),
