@@ -197,7 +197,7 @@ def _procedure(checkpoint: Path, marker: dict, finished: dict | None, history: l
               f"- Checkpoint: step {step}, saved {(finished or marker).get('finished_at' if finished else 'written_at', 'at an unknown time')}",
               f"- Final training loss: {loss:.4f} (step {loss_step})" if loss is not None else
               "- Final training loss: not logged",
-              weights, ""]
+              weights, *([f"- Stage: {sources['stage']}"] if sources.get("stage") else []), ""]
     lines += ["### Training hyperparameters", "", "The following hyperparameters were used during training:", ""]
     world_size = int(marker.get("world_size") or (marker.get("hardware") or {}).get("ranks") or 1)
     lines += [f"- {k}: {v}" for k, v in hyperparameters(training, world_size, marker.get("ds_config")).items()]

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         print(f"data: {note}")
     print("counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for i, example in enumerate(examples):
-        print(f"\n--- example {i + 1} ({len(example['input_ids'])} tokens, trained between « and ») ---")
+        answer = f", {example['answer']}" if "answer" in example else ""  # a preference stage's pair: each answer
+        print(f"\n--- example {i + 1} ({len(example['input_ids'])} tokens{answer}, trained between « and ») ---")
         print(marked(tokenizer, example["input_ids"], example["labels"]))
     return 0

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--lora-dropout", type=float, metavar="P", default=None,
                      help="the adapter's dropout (default: the recipe's peft: block's, else 0.05); each adapted "
                      "layer keeps its own dropped-out input when it is above 0")
+    run.add_argument("--stage", choices=("sft", "dpo", "orpo", "simpo", "kto"), default="sft",
+                     help="training method: dpo/orpo/simpo put chosen and rejected through one forward (twice the "
+                     "activations per pair); dpo and kto keep a reference model (a second ZeRO-3 partition, none "
+                     "with LoRA or --precompute-ref)")
+    run.add_argument("--precompute-ref", action="store_true",
+                     help="the reference's log-probs are precomputed before training (no second model during it)")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -125,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.choose import choose
     from hf_zero3.plan.length import length_json, plan_length, report_lines
+    from hf_zero3.plan.preference import preference_of
     from hf_zero3.plan.report import answer_json, cost_lines, print_choice
     from hf_zero3.plan.shapes import ModelError
     from hf_zero3.plan.types import PlanError
@@ -137,7 +144,8 @@ def main(args: argparse.Namespace) -> int:
         adapter = _adapter(args, shape)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
-                        load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter)
+                        load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter,
+                        preference=preference_of(args.stage, lora=adapter is not None, precompute=args.precompute_ref))
         length = None if choice.fits else plan_length(
             shape, hardware, seq_len, precision=args.precision, attention=args.attention, liger=liger,
             adapter=adapter, load_bytes=4 if args.from_scratch else None)

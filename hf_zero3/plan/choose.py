@@ -20,7 +20,7 @@ from hf_zero3.plan.memory import gathers_are_views, plan
 from hf_zero3.plan.partitions import gpu_kept_optimizer_elements, rank_partitions
 from hf_zero3.plan.shapes import ModelShape
 from hf_zero3.plan.speed import faster_measured, fastest
-from hf_zero3.plan.types import Adapter, Attention, Hardware, Plan, PlanError, Training
+from hf_zero3.plan.types import Adapter, Attention, Hardware, Plan, PlanError, Preference, Training
 from hf_zero3.units import gb
 
 PARTIAL_OFFLOAD_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -119,8 +119,9 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
-               load_bytes: int | None = None, liger: bool = False, adapter: Adapter | None = None) -> list[Plan]:
-    """Every configuration the planner considers, cheapest first (`adapter`: see `Training.adapter`)."""
+               load_bytes: int | None = None, liger: bool = False, adapter: Adapter | None = None,
+               preference: Preference | None = None) -> list[Plan]:
+    """Every configuration the planner considers, cheapest first (`adapter`, `preference`: see `Training`)."""
     plans, kept_seen = [], set()
     for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
@@ -140,7 +141,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": batch.global_batch(micro, accum, hardware.world_size)})
-                training = Training(seq_len, micro, accum, attention, load_bytes, liger, adapter)
+                training = Training(seq_len, micro, accum, attention, load_bytes, liger, adapter, preference)
                 plans.append(plan(shape, hardware, training, spec))
                 if checkpointing and not offload:
                     plans += [p for p in [fewest_checkpointed(shape, hardware, training, spec)] if p is not None]
@@ -184,7 +185,7 @@ class Choice:
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
            load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None,
-           adapter: Adapter | None = None) -> Choice:
+           adapter: Adapter | None = None, preference: Preference | None = None) -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
     micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only
@@ -193,7 +194,8 @@ def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch:
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
     `speed_table`: measurements to decide by (default `plan.speed.MEASURED`); `adapter`: `Training.adapter`."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
-              "attention": attention, "load_bytes": load_bytes, "liger": liger, "adapter": adapter}
+              "attention": attention, "load_bytes": load_bytes, "liger": liger, "adapter": adapter,
+              "preference": preference}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     whole = [p for p in tried if not is_partial(p)]
     fitting = [p for p in whole if p.fits and not p.tight] or [p for p in whole if p.fits]

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan import preference
 from hf_zero3.plan.lora import linear_layers
 from hf_zero3.plan.partitions import (
     gpu_kept_optimizer_elements,
@@ -193,6 +194,8 @@ def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSp
     offload_buffer_terms(x, partitions, kept)
     gather_terms(x)
     activation_terms(x)
+    x.terms += preference.reference_terms(x.shape, x.hardware, x.training, x.spec, x.b)  # a preference stage's
+    x.notes += preference.notes(x.training)  # second model
     gpu_overhead_terms(x)
     host_terms(x)
     if spec.precision == "auto":

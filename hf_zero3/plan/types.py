@@ -151,6 +151,10 @@ class Training:
     Its layers change what the activations keep (`plan.memory.lora_layer_activation_bytes`). None: every parameter
     trains."""
 
+    preference: Preference | None = None
+    """A preference stage (DPO, ORPO, KTO, ...; `plan.preference`): the sequences each example puts through one forward
+    and the reference model it keeps. None: SFT."""
+
     @property
     def trainable(self) -> int | None:
         """The parameters that train when they are not all of them (a LoRA adapter's); None: every parameter."""
@@ -167,8 +171,19 @@ class Training:
 
     @property
     def tokens(self) -> int:
-        """Tokens in one micro batch: what the activations scale with."""
-        return self.micro_batch * self.seq_len
+        """Tokens in one micro batch: what the activations scale with (a pair's chosen and rejected: two sequences)."""
+        return self.micro_batch * self.seq_len * (self.preference.sequences if self.preference else 1)
+
+
+@dataclass(frozen=True)
+class Preference:
+    """What a preference stage adds to a step: `sequences` per example in one forward (2 for a pair, chosen and
+    rejected concatenated), and the reference model: "engine" (a second model, partitioned like the policy, forward
+    only) or "none" (LoRA's adapter disabled, precomputed log-probs, or a reference-free loss)."""
+
+    stage: str
+    sequences: int = 2
+    reference: Literal["engine", "none"] = "engine"
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ class ModelArguments:
                                         "router and experts). Default: found from the model's experts "
                                         "(hf_zero3/plan/experts.py); [] for none. A ds_config with its own "
                                         "zero_optimization.leaf_module wins. See docs/experts.md."})
+    ref_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Preference stages: the reference model (default: the policy's own starting "
+                                        "weights). See docs/preference.md."})
 
 
 @dataclass
@@ -129,6 +132,12 @@ class TrainingArguments(transformers.TrainingArguments):
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})
+    stage: str = field(
+        default="sft", metadata={"help": "Training method: sft, dpo, orpo, simpo or kto, on TRL's trainer for it "
+                                         "(hf_zero3/run/stages.py). See docs/preference.md."})
+    stage_args: dict | None = field(
+        default=None, metadata={"help": "TRL's own arguments of the stage's config by TRL's names, e.g. {beta: 0.1, "
+                                        "loss_type: sigmoid} for dpo; unknown keys are refused."})
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")

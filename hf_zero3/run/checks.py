@@ -205,6 +205,10 @@ def _data_problems(values: dict[str, Any], with_tokenizer: bool) -> tuple[list[s
     """hf_zero3.data's checks of the data files, their formats and rows, and (`with_tokenizer`: the model's inputs
     are sound) the chat template on a sample; and the formats found."""
     from hf_zero3.data.build import data_problems  # as in _packing_problems
+    from hf_zero3.run.stages import stage_problems
+
+    if (staged := stage_problems(values)) is not None:  # a preference stage: its arguments, reference and rows
+        return staged, set()
 
     def load_tokenizer():
         from transformers import AutoTokenizer

@@ -8,8 +8,10 @@ from typing import Any
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.build import PACKED, build_examples
+from hf_zero3.data.preference import preference_preview
 from hf_zero3.data.tokenize import IGNORE
 from hf_zero3.run.arguments import ArgumentParser, ModelArguments, TrainingArguments, UsageError, load_arguments
+from hf_zero3.run.stages import stage_of
 
 
 def _tokenizer_and_positions(model_args: ModelArguments):
@@ -67,6 +69,9 @@ def preview(argv: list[str], show: int) -> tuple[dict[str, Any], list[dict], lis
     values = load_arguments(argv)  # every key checked against train's three dataclasses
     model_args, data_args = ArgumentParser((ModelArguments, DataArguments)).parse_dict(values, allow_extra_keys=True)
     tokenizer, max_positions = _tokenizer_and_positions(model_args)
+    if (stage := stage_of(values)).columns is not None:  # a preference stage: each answer's trained span
+        seed = int(values.get("seed", TrainingArguments.seed))
+        return (*preference_preview(data_args, tokenizer, stage.columns, seed, show), tokenizer)
     prepared = build_examples(data_args, tokenizer, int(values.get("seed", TrainingArguments.seed)), max_positions,
                               model_args.tokenizer_name or model_args.model_name_or_path or model_args.config_name)
     train, block = prepared.train, data_args.block_size

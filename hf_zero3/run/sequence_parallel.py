@@ -62,6 +62,10 @@ def problems(values: dict[str, Any], world_size: int | None, ds_config: dict | N
     if attention is not None and attention not in ATTENTIONS and not _hub_flash(attention):
         out.append(f"attn_implementation {attention} cannot be wrapped by Ulysses sequence parallelism (it needs a "
                    f"full-length mask): set attn_implementation sdpa (or flash_attention_2 on GPUs)")
+    stage = values.get("stage") or "sft"
+    if stage != "sft":
+        out.append(f"sequence_parallel_size {sp} runs with stage sft only (TRL's {stage} trainer does not shard its "
+                   "pairs along the sequence): set sequence_parallel_size 1, or train stage sft")
     if not values.get("deepspeed"):
         out.append(f"sequence_parallel_size {sp} needs DeepSpeed: set deepspeed to a ds_config (e.g. "
                    "recipes/tiny/ds_config.json)")

@@ -72,6 +72,7 @@ from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
 from hf_zero3.run.preemption import PREEMPTED_EXIT
+from hf_zero3.run.stages import stage_of
 from hf_zero3.run.start import FINISHED, claim, start_point
 
 
@@ -272,6 +273,20 @@ def _prepared_model(model_args, training_args, resume: str | None):
     return model, tokenizer
 
 
+def _reference_model(model_args, training_args, policy):
+    """A preference stage's reference model, prepared as the policy is: partitioned while it loads under ZeRO-3, the
+    same attention kernel and leaf modules; from a config, the policy's own random start (the same seed)."""
+    from transformers import set_seed
+
+    set_seed(training_args.seed)
+    source = model_args.ref_model_name_or_path or model_args.model_name_or_path
+    reference, _ = _load_model_and_tokenizer(dataclasses.replace(model_args, model_name_or_path=source, peft=None))
+    leaves = experts.set_leaf_modules(reference, model_args.leaf_modules, training_args)
+    if leaves and is_world_process_zero():
+        print(f"hf_zero3: reference model: {leaves}", flush=True)
+    return reference
+
+
 def _trainer(model, tokenizer, model_args, data_args, training_args, preemption, resume: str | None,
              extra_callbacks: Sequence[Any]):
     """TRL's SFTTrainer over the run's data, with our callbacks; what our callbacks carry out instead of the
@@ -282,9 +297,15 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
         sft_trainer,
     )
 
-    prepared = build_datasets(data_args, tokenizer, training_args, max_positions=model.config.max_position_embeddings,
-                              tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
-                              or model_args.config_name)
+    stage = stage_of({"stage": training_args.stage})
+    if stage.columns is not None:  # a preference stage (hf_zero3/run/preference.py): TRL's trainer for it
+        from hf_zero3.run.preference import build_data, preference_trainer
+        prepared = build_data(stage, data_args, tokenizer, training_args)
+    else:
+        prepared = build_datasets(data_args, tokenizer, training_args,
+                                  max_positions=model.config.max_position_embeddings,
+                                  tokenizer_name=model_args.tokenizer_name or model_args.model_name_or_path
+                                  or model_args.config_name)
     sequence_parallel.prepare(model, training_args, packed=prepared.layout == "packed")
     try:
         sources = {"base_model": model_args.model_name_or_path,
@@ -301,15 +322,20 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
     training_args.save_total_limit, training_args.push_to_hub = None, False
     _liger_outside_compiled_layers(training_args)
     try:
-        trainer = sft_trainer(model, training_args, data_args, prepared, tokenizer)
+        trainer = sft_trainer(model, training_args, data_args, prepared, tokenizer) if stage.columns is None else \
+            preference_trainer(stage, model, tokenizer, model_args, data_args, training_args, prepared,
+                               lambda: _reference_model(model_args, training_args, model))
     except ValueError as e:  # packing that would cross-talk, a Liger loss TRL cannot use, ...
         raise UsageError(str(e)) from e
     sequence_parallel.shard_batches(trainer, tokenizer)
+    if stage.columns is not None:  # the model card names the stage (each checkpoint's marker records it)
+        sources["stage"] = trainer.stage_description
     for callback in callbacks:  # the real tokens of a row, known once TRL has packed them
         if isinstance(callback, ThroughputCallback):
             callback.tokens_per_sample = prepared.tokens / max(len(trainer.train_dataset), 1)
     if is_world_process_zero():
-        for note in [*prepared.notes, rows_note(prepared, trainer, data_args.block_size)]:
+        for note in [*prepared.notes, *([rows_note(prepared, trainer, data_args.block_size)] if stage.columns is None
+                                        else [])]:
             print(f"hf_zero3: data: {note}", flush=True)
     _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
     tiled_compute.enable_for_run(model, training_args)  # likewise: the tiles call Liger's forwards
@@ -324,6 +350,9 @@ def _trained(trainer, model, training_args, data_args, resume, preemption) -> di
     """Train; the planner's advice on an out-of-memory error; a preempted run stopped at its checkpoint."""
     if trainer.is_world_process_zero():
         print(_banner(trainer), flush=True)
+        if training_args.stage != "sft":
+            from hf_zero3.run.preference import stage_banner
+            print(stage_banner(trainer), flush=True)
     try:
         result = trainer.train(resume_from_checkpoint=resume)
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError

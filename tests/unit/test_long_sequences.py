@@ -69,6 +69,7 @@ def test_tiled_loss_takes_the_trainers_token_count_and_leaves_evaluation_alone()
     ({"sequence_parallel_size": 2, "deepspeed": {"zero_optimization": {"stage": 3, "reduce_scatter": False}}},
      "reduce_scatter", "set reduce_scatter true"),
     ({"sequence_parallel_size": 0}, "sequence_parallel_size", ">= 1"),
+    ({"sequence_parallel_size": 2, "stage": "dpo", "deepspeed": {}}, "stage sft only", "sequence_parallel_size 1"),
 ])
 def test_sequence_parallel_problems_name_the_field_and_the_fix(values, field, fix):
     error_naming("\n".join(sequence_parallel.problems_of(values, world_size=4)), field, fix)

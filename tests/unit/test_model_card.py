@@ -109,3 +109,11 @@ def test_the_card_of_a_finished_output_dir_comes_from_its_newest_checkpoint(tmp_
     assert "# my-run" in text and "base_model: meta-llama/Llama-3.1-8B" in text and "license: apache-2.0" in text
     assert "- Checkpoint: step 10, saved 20" in text and "- Hardware: 8 × NVIDIA H200" in text
     assert "trained from scratch" not in text
+
+
+def test_the_card_of_a_preference_run_names_its_stage_beta_loss_and_reference(tmp_path):
+    stage = ("stage dpo (TRL DPOTrainer) | loss sigmoid | beta 0.1 | reference: a second model (the policy's "
+             "starting weights), inference-only DeepSpeed engine partitioned like the policy")
+    text = _card(tmp_path, _marker(tmp_path, base_model="meta-llama/Llama-3.1-8B", datasets=[], stage=stage),
+                 HISTORY).read_text()
+    assert f"- Stage: {stage}" in text

@@ -1,0 +1,201 @@
+"""TRL's preference trainers (DPO, ORPO, SimPO, KTO) set up from our arguments, as `run.sft` sets up SFTTrainer.
+
+The run's TrainingArguments object becomes the stage's TRL config in place (the DeepSpeed bridge and our callbacks
+already hold it); `stage_args` fill TRL's own fields. The reference model, one of three ways, said in the banner:
+- LoRA: none; TRL scores the reference with the adapter disabled (no second copy);
+- precompute_ref_log_probs: one pass before training, its log-probs cached in output_dir/reference_logps/ (a folder
+  every rank reads; TRL's cache file is named by a hash of the data and the reference weights, so a resumed or
+  repeated run reuses it and another reference or data computes anew);
+- otherwise a second model, loaded exactly as the policy is (partitioned while it loads under ZeRO-3, the same
+  attention kernel and leaf modules), which TRL wraps in an inference-only DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+import deepspeed
+import torch
+import transformers
+from trl import DPOConfig, KTOConfig
+from trl.experimental.cpo import CPOConfig
+from trl.experimental.orpo import ORPOConfig
+
+from hf_zero3.data.build import Prepared
+from hf_zero3.data.preference import build_preference
+from hf_zero3.run.arguments import TrainingArguments
+from hf_zero3.run.stages import STAGE_DEFAULTS, TRAINING_DEFAULTS, Stage
+
+
+@dataclasses.dataclass
+class DPOTrainingArguments(TrainingArguments, DPOConfig):
+    """Our TrainingArguments read as a DPOConfig (never parsed: `as_stage_config`); module-level so checkpoints can
+    pickle it."""
+
+
+@dataclasses.dataclass
+class KTOTrainingArguments(TrainingArguments, KTOConfig):
+    """Our TrainingArguments read as a KTOConfig."""
+
+
+@dataclasses.dataclass
+class ORPOTrainingArguments(TrainingArguments, ORPOConfig):
+    """Our TrainingArguments read as an ORPOConfig."""
+
+
+@dataclasses.dataclass
+class CPOTrainingArguments(TrainingArguments, CPOConfig):
+    """Our TrainingArguments read as a CPOConfig (SimPO)."""
+
+
+ARGUMENT_CLASSES = {"dpo": DPOTrainingArguments, "kto": KTOTrainingArguments, "orpo": ORPOTrainingArguments,
+                    "simpo": CPOTrainingArguments}
+
+REFERENCE_FOLDER = "reference_logps"
+
+
+def as_stage_config(training_args: TrainingArguments, stage: Stage, data_args):
+    """The run's TrainingArguments read by the stage's trainer as its TRL config, in place: TRL's own fields take
+    their defaults, then the stage's defaults and `stage_args` (TRL's normalisations applied: a single loss type
+    becomes a list where TRL keeps a list), then block_size as max_length."""
+    mine = set(vars(training_args))
+    config_class = stage.config_class()
+    training_args.__class__ = ARGUMENT_CLASSES[stage.name]
+    defaults = {}
+    for f in dataclasses.fields(config_class):
+        if f.name not in mine and f.init:
+            defaults[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            setattr(training_args, f.name, defaults[f.name])
+    for key, value in {**STAGE_DEFAULTS.get(stage.name, {}), **(training_args.stage_args or {})}.items():
+        setattr(training_args, key, [value] if isinstance(defaults.get(key), list) and
+                not isinstance(value, list) else value)
+    for key, value in TRAINING_DEFAULTS.get(stage.name, {}).items():
+        if getattr(training_args, key) == transformers.TrainingArguments.__dataclass_fields__[key].default:
+            setattr(training_args, key, value)
+    if getattr(training_args, "pad_to_multiple_of", None) == "auto":  # resolved in TRL's __post_init__: None off Neuron
+        training_args.pad_to_multiple_of = None
+    training_args.max_length = data_args.block_size
+    training_args.dataset_num_proc = data_args.preprocessing_num_workers
+    return training_args
+
+
+def build_data(stage: Stage, data_args, tokenizer, training_args) -> Prepared:
+    """The preference rows, built on rank 0 first (the others read its cache)."""
+    with training_args.main_process_first(desc="load and check preference data"):
+        return build_preference(data_args, tokenizer, stage.columns, training_args.seed)
+
+
+def weights_hash(model) -> str:
+    """sha256 of the model's weights, gathered one parameter at a time under ZeRO-3 (on every rank: a collective).
+    TRL hashes `state_dict()`, which under ZeRO-3 holds only empty partitions: the same hash for any weights."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        if hasattr(param, "ds_id"):  # partitioned by ZeRO-3: gathered whole for the moment it is read
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                data = param.detach().to("cpu", torch.float32).numpy().tobytes()
+        else:
+            data = param.detach().to("cpu", torch.float32).numpy().tobytes()
+        digest.update(name.encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _key_of(dataset: datasets.Dataset, weights: str) -> str:
+    return hashlib.sha256(f"{dataset._fingerprint}:{weights}".encode()).hexdigest()[:16]
+
+
+def _on_shared_disk(dataset: datasets.Dataset | None, folder: Path, key: str, training_args) -> datasets.Dataset | None:
+    """The dataset saved once in `folder` (under output_dir, named by the hash of its rows and of the reference
+    weights) and read back from there on every rank, so the cache files TRL writes next to it (the precomputed
+    reference log-probs) are one set all ranks read: an in-memory dataset would send each rank's cache to its own
+    temporary folder. Another reference or other data gets another folder, computed anew."""
+    if dataset is None:
+        return None
+    where = folder / _key_of(dataset, key)
+    with training_args.main_process_first(desc="store the preference data with the run"):
+        if not (where / "state.json").is_file() and training_args.process_index == 0:
+            dataset.save_to_disk(str(where))
+    return datasets.load_from_disk(str(where))
+
+
+class StoredReferenceLogps:
+    """Mixed into TRL's DPO/KTO trainer: the precomputed reference log-probs stored in `args.reference_logps_folder`
+    (keyed by data, tokenizer and reference weights) and read back from there by a resumed or repeated run. TRL's
+    own cache never hits across runs: its tokenizing map hashes the tokenizer to a random fingerprint each time."""
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        folder = getattr(self.args, "reference_logps_folder", None)
+        if folder is None:
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+        stored = Path(folder) / f"logps-{name}"
+        if (stored / "state.json").is_file():
+            logps = datasets.load_from_disk(str(stored))
+            if len(logps) == len(dataset):
+                return datasets.concatenate_datasets([dataset, logps], axis=1)
+        computed = super()._precompute_ref_logps(dataset, name, batch_size)
+        if self.accelerator.is_main_process:
+            added = [c for c in computed.column_names if c not in dataset.column_names]
+            computed.select_columns(added).save_to_disk(str(stored))
+        self.accelerator.wait_for_everyone()
+        return computed
+
+
+def _stored_class(trainer_class: type) -> type:
+    """TRL's trainer with the stored reference log-probs (a module-level name per class, so it pickles)."""
+    name = f"Stored{trainer_class.__name__}"
+    if name not in globals():
+        globals()[name] = type(name, (StoredReferenceLogps, trainer_class), {"__module__": __name__})
+    return globals()[name]
+
+
+def reference_way(stage: Stage, model, model_args, training_args) -> str:
+    """Which way the reference model is had, without local paths (the model card repeats it)."""
+    if not stage.reference:
+        return "none (reference-free loss)"
+    if hasattr(model, "peft_config"):
+        return "the base model with the LoRA adapter disabled (no second copy)"
+    if getattr(training_args, "precompute_ref_log_probs", False):
+        return "log-probs precomputed once before training"
+    source = "another model" if model_args.ref_model_name_or_path else "the policy's starting weights"
+    return f"a second model ({source}), inference-only DeepSpeed engine partitioned like the policy"
+
+
+def preference_trainer(stage: Stage, model, tokenizer, model_args, data_args, training_args, prepared: Prepared,
+                       load_reference: Callable[[], object]):
+    """The stage's TRL trainer over the prepared rows, the reference model had the chosen way."""
+    args = as_stage_config(training_args, stage, data_args)
+    train, evaluation = prepared.train, prepared.eval
+    kwargs = {}
+    if stage.reference:
+        separate = not hasattr(model, "peft_config") and (
+            not args.precompute_ref_log_probs or model_args.ref_model_name_or_path)
+        kwargs["ref_model"] = load_reference() if separate else None
+        if args.precompute_ref_log_probs:
+            folder, key = Path(args.output_dir) / REFERENCE_FOLDER, weights_hash(kwargs["ref_model"] or model)
+            args.reference_logps_folder = str(folder / _key_of(train, key))
+            train, evaluation = (_on_shared_disk(d, folder, key, args) for d in (train, evaluation))
+    trainer_class = _stored_class(stage.trainer_class()) if getattr(args, "precompute_ref_log_probs", False) \
+        else stage.trainer_class()
+    trainer = trainer_class(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
+                                    processing_class=tokenizer, **kwargs)
+    trainer.stage_description = describe(stage, args, reference_way(stage, model, model_args, args))
+    return trainer
+
+
+def describe(stage: Stage, args, reference: str) -> str:
+    """The stage line of the run's banner (and of the model card): trainer, loss, beta, reference."""
+    loss = getattr(args, "loss_type", stage.name)  # ORPO has one loss
+    loss = loss if isinstance(loss, str) else "+".join(loss)
+    return (f"stage {stage.name} (TRL {stage.trainer.split(':')[1]}) | loss {loss} | beta {args.beta} | "
+            f"reference: {reference}")
+
+
+def stage_banner(trainer) -> str:
+    """The stage line of the run's banner: the card's, and where precomputed log-probs are cached."""
+    where = (f" in {Path(trainer.args.output_dir) / REFERENCE_FOLDER} (reused while data and reference weights hash "
+             "the same)" if getattr(trainer.args, "precompute_ref_log_probs", False) else "")
+    return f"hf_zero3: {trainer.stage_description}{where}"

@@ -1,0 +1,107 @@
+"""Bad inputs of the preference stages, each one line naming the field and the fix before anything starts
+(`run.checks.check_inputs` -> `run.stages.stage_problems`), and over-long pairs dropped whole and counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from hf_zero3.data.arguments import DataArguments
+from hf_zero3.data.preference import PAIRS, build_preference
+from hf_zero3.run.arguments import UsageError, load_arguments
+from hf_zero3.run.checks import check_inputs
+from tests.conftest import ROOT, TINY_YAML, error_naming
+
+PAIRS_FILE = ROOT / "assets/tiny/preference/pairs.jsonl"
+UNPAIRED_FILE = ROOT / "assets/tiny/preference/unpaired.jsonl"
+ROW = {"prompt": "question: what does the duck say?\nanswer:", "chosen": " the duck says quack.",
+       "rejected": " the duck lives in the pond."}
+
+
+def rows_file(tmp_path, rows) -> str:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def other_vocabulary(tmp_path) -> str:
+    config = AutoConfig.from_pretrained(ROOT / "assets/tiny/model")
+    config.vocab_size = 2048
+    config.save_pretrained(tmp_path / "other")
+    return str(tmp_path / "other")
+
+
+def tmp_weights(tmp_path):
+    """The tiny model with random weights saved as a LoRA run's base."""
+    folder = tmp_path / "base"
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ROOT / "assets/tiny/model")).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(ROOT / "assets/tiny/model").save_pretrained(folder)
+    return folder
+
+
+CASES = {  # name: (overrides (a callable of tmp_path for files), field named, phrases of the fix)
+    "chosen missing": (lambda t: {"train_file": rows_file(t, [{"prompt": "a", "rejected": "b"}])},
+                       "no chosen column", ("rename",)),
+    "chosen equals rejected": (lambda t: {"train_file": rows_file(t, [{**ROW, "rejected": ROW["chosen"]}] * 3)},
+                               "chosen equals rejected on every row", ("preferred answer in chosen",)),
+    "kto label not boolean": (lambda t: {"stage": "kto", "train_file": rows_file(
+        t, [{"prompt": "a", "completion": " b", "label": "yes"}])}, "label is 'yes'", ("true", "false")),
+    "reference of another vocabulary": (lambda t: {"ref_model_name_or_path": other_vocabulary(t)},
+                                        "ref_model_name_or_path", ("vocab_size 2048 vs 1024", "leave")),
+    "beta not positive": (lambda t: {"stage_args": {"beta": 0}}, "stage_args.beta", ("> 0",)),
+    "unknown loss type": (lambda t: {"stage_args": {"loss_type": "sigmod"}}, "stage_args.loss_type",
+                          ("did you mean sigmoid",)),
+    "unknown stage argument": (lambda t: {"stage_args": {"betta": 0.2}}, "stage_args.betta",
+                               ("did you mean beta",)),
+    "precompute with a synced reference": (lambda t: {"stage_args": {"precompute_ref_log_probs": True,
+                                                                     "sync_ref_model": True}},
+                                           "precompute_ref_log_probs", ("set one of them false",)),
+    "a reference model with LoRA": (lambda t: {"ref_model_name_or_path": str(ROOT / "assets/tiny/model"),
+                                              "peft": {"r": 8}, "model_name_or_path": str(tmp_weights(t))},
+                                    "ref_model_name_or_path with peft",
+                                    ("remove ref_model_name_or_path",)),
+    "unknown stage": (lambda t: {"stage": "dpoo"}, "stage 'dpoo'", ("did you mean dpo",)),
+    "a training argument in stage_args": (lambda t: {"stage_args": {"learning_rate": 1e-6}},
+                                          "stage_args.learning_rate", ("top level",)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_preference_input_is_one_line_naming_the_fix(tmp_path, case):
+    overrides, field, fix = CASES[case]
+    values = {**load_arguments([str(TINY_YAML)]), "stage": "dpo", "train_file": str(PAIRS_FILE),
+              "validation_file": None, **overrides(tmp_path)}
+    with pytest.raises(UsageError) as raised:
+        check_inputs(values, device="cpu")
+    error_naming(str(raised.value), field, *fix)
+    assert len(str(raised.value).splitlines()) == 1
+
+
+def test_the_shipped_preference_files_pass_the_checks():
+    values = {**load_arguments([str(TINY_YAML)]), "validation_file": None}
+    check_inputs({**values, "stage": "dpo", "train_file": str(PAIRS_FILE), "stage_args": {"beta": 0.2}}, "cpu")
+    check_inputs({**values, "stage": "kto", "train_file": str(UNPAIRED_FILE)}, "cpu")
+
+
+def test_over_long_pairs_are_dropped_whole_and_counted(tmp_path):
+    """A pair whose rejected answer alone is too long goes, chosen and all; the others stay untouched."""
+    long = {**ROW, "rejected": " the duck says quack." * 20}
+    args = DataArguments(train_file=rows_file(tmp_path, [ROW, long, ROW]), block_size=32)
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets/tiny/model")
+    prepared = build_preference(args, tokenizer, PAIRS, seed=0)
+    assert prepared.dropped == 1 and len(prepared.train) == 2
+    assert prepared.train[0] == ROW and prepared.train[1] == ROW
+    assert any("1 pairs longer than block_size=32 dropped whole" in n for n in prepared.notes)
+
+
+def test_hf_zero3_data_shows_each_pairs_chosen_and_rejected_with_the_answer_trained(capsys):
+    from hf_zero3.cli import main
+
+    assert main(["data", str(TINY_YAML), "--stage", "dpo", "--train_file", str(PAIRS_FILE), "--validation_file",
+                 "null", "--block_size", "32", "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "44 pairs longer than block_size=32 dropped whole" in out and "examples 356" in out
+    assert "chosen, trained between" in out and "rejected, trained between" in out
+    assert "answer:« four minus one is three.</s>»" in out  # the prompt untrained, the answer and its EOS trained
