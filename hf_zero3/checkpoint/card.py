@@ -184,6 +184,7 @@ def _procedure(checkpoint: Path, marker: dict, finished: dict | None, history: l
                kind: str) -> list[str]:
     """The training procedure: recipe, checkpoint, final loss, weights, hyperparameters, hardware, versions."""
     training, recipe, speed = marker.get("training_args") or {}, marker.get("recipe") or {}, marker.get("throughput") or {}
+    sources = marker.get("sources") or {}
     step = finished.get("global_step") if finished else checkpoint_step(checkpoint)
     loss, loss_step = _last(history, "loss")
     lines = ["## Training procedure", ""]
