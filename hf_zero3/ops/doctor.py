@@ -3,8 +3,9 @@
 What a multi-node ZeRO-3 job needs and usually finds out an hour in: versions inside the supported matrix
 (setup.cfg's `install_requires`, the one source of truth), the DeepSpeed ops the ds_config will JIT-build,
 GPUs with free memory, a working all-reduce over every rank, passwordless SSH and the same code and
-packages on every host, and a writable, fast NVMe path (the DeepSpeed ops: `ops.deepspeed_ops`). `python -m hf_zero3.ops.doctor --fingerprint` prints
-this host's code hash and versions; the doctor runs it on every host over SSH.
+packages on every host, and a writable, fast NVMe path (the DeepSpeed ops: `ops.deepspeed_ops`).
+`python -m hf_zero3.ops.doctor --fingerprint` prints this host's code hash and versions; the doctor runs it on
+every host over SSH.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ LONG_FUNCTIONS_BEING_SPLIT = {
 }
 """Functions over the limit that are being split into named steps now; the list only shrinks."""
 LONG_MODULES_BEING_SPLIT = {
-    "hf_zero3/checkpoint/lifecycle.py", "hf_zero3/config/check.py",
+    "hf_zero3/checkpoint/lifecycle.py",
 }
 """Modules over the limit, to be split by job; the list only shrinks."""
 
