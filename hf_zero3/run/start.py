@@ -11,14 +11,11 @@ import os
 import shutil
 from pathlib import Path
 
+from hf_zero3.checkpoint import folders
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.checkpoint.lifecycle import (
-    ADAPTER_WEIGHTS,
-    resume_step,
-    rotate,
-    verify_complete,
-    write_finished,
-)
+from hf_zero3.checkpoint.contents import ADAPTER_WEIGHTS
+from hf_zero3.checkpoint.folders import rotate
+from hf_zero3.checkpoint.lifecycle import resume_step, verify_complete, write_finished
 from hf_zero3.run import storage
 from hf_zero3.run.arguments import UsageError
 from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
@@ -48,11 +45,11 @@ def verify_on_all_ranks(folder: Path, writer: int = 0) -> list[str]:
     return [p for record in gather_from_ranks({"problems": mine}) for p in record["problems"]]
 
 
-def seen_by_all(output_dir: Path) -> list[ckpt.Found]:
-    """output_dir's checkpoint folders as every rank sees them together (`lifecycle.combine`): on node-local disks a
+def seen_by_all(output_dir: Path) -> list[folders.Found]:
+    """output_dir's checkpoint folders as every rank sees them together (`folders.combine`): on node-local disks a
     checkpoint is complete only when it is complete on every node."""
-    views = [r["view"] for r in gather_from_ranks({"view": ckpt.view(ckpt.survey(output_dir))})]
-    return ckpt.combine(output_dir, views)
+    views = [r["view"] for r in gather_from_ranks({"view": folders.view(folders.survey(output_dir))})]
+    return folders.combine(output_dir, views)
 
 
 def is_finished(record: dict | None, args) -> bool:
@@ -144,13 +141,13 @@ def _resume(output_dir: Path, resume: str, args) -> str | None:
     try:
         found = seen_by_all(output_dir)
         writer = storage.node_writer(args)
-        plan = ckpt.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
-                                verify=lambda folder: verify_on_all_ranks(folder, writer), found=found)
+        plan = folders.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
+                                   verify=lambda folder: verify_on_all_ranks(folder, writer), found=found)
     except ckpt.CheckpointError as e:
         raise UsageError(str(e)) from e
     if resume == "auto" and plan.target is None and plan.skipped:
         raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
-                         f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
+                         f"complete: {folders.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
                          "output_dir (or choose another output_dir) to start over")
     for found_one in plan.skipped if is_world_process_zero() else []:
         print(f"hf_zero3: not resuming from {found_one.path}: {found_one.why}. It stays where it is (move it aside "
@@ -184,13 +181,13 @@ def _refuse_save_collisions(output_dir: Path, start: int | None, args) -> None:
     if not (args.max_steps > 0 and args.save_strategy in ("steps", "best")):
         return
     every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
-    mine = ckpt.save_collisions(output_dir, start or 0, args.max_steps, every)
+    mine = folders.save_collisions(output_dir, start or 0, args.max_steps, every)
     seen = [c for r in gather_from_ranks({"c": [(f.path.name, f.why) for f in mine]}) for c in r["c"]]
-    collisions = [ckpt.Found(output_dir / name, "foreign", why) for name, why in dict(seen).items()]
+    collisions = [folders.Found(output_dir / name, "foreign", why) for name, why in dict(seen).items()]
     if collisions:
         raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
                          f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
-                         f"({ckpt.describe_found(collisions)}). Nothing was deleted. Move "
+                         f"({folders.describe_found(collisions)}). Nothing was deleted. Move "
                          f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
                          "command again")
 
