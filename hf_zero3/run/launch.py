@@ -3,9 +3,9 @@
 Every `recipes/<name>/launch.sh` execs this. The launch settings come from the environment (`--help` lists
 them). They are checked together before anything starts (`run.launch_command`), each problem naming its
 fix, because DeepSpeed's launcher quietly trims what does not match (NUM_GPUS above a host's slots, NUM_NODES
-above the hostfile) or fails late on a remote node. Multi-node runs get a `.deepspeed_env`: DeepSpeed's pdsh/MPI/slurm runners
-forward only PYTHON*, MLFLOW*, MV2*, UCX* (and NCCL* on CUDA) to the other nodes, so HF_*, TRANSFORMERS_*
-and TORCH_* settings would silently not apply there.
+above the hostfile) or fails late on a remote node. Multi-node runs get a `.deepspeed_env`: DeepSpeed's
+pdsh/MPI/slurm runners forward only PYTHON*, MLFLOW*, MV2*, UCX* (and NCCL* on CUDA) to the other nodes, so
+HF_*, TRANSFORMERS_* and TORCH_* settings would silently not apply there.
 
 The command is the seed's `deepspeed --num_nodes=2 --num_gpus=4 train.py --deepspeed ds_config.json`, with the
 recipe's YAML in front of the overrides; it is printed, then run as this process's child, which passes the
