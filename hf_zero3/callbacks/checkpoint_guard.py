@@ -218,7 +218,8 @@ class CheckpointGuardCallback(TrainerCallback):
             _latest_on_each_node(folder, args, state)
         problems = contents.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
         if args.should_save:  # the 16-bit weights: gathered on rank 0 alone, so on node 0 only (save_on_each_node)
-            problems += contents.verify_shared_files(folder, weights=_gathers_weights(args) and state.is_world_process_zero)
+            problems += contents.verify_shared_files(
+                folder, weights=_gathers_weights(args) and state.is_world_process_zero)
         # each rank hashes the files it wrote (still in its page cache), all ranks at once
         hashes = ckpt.hash_files(folder, args.process_index, args.world_size, writer) if not problems else {}
         records = gather_from_ranks({"problems": problems, "hashes": hashes, "writer": writer})

@@ -116,7 +116,8 @@ def _activation_checkpointing(block: Any) -> list[Finding]:
 
 def _partial_offload(config: dict, stage: Any, opt_device: Any) -> list[Finding]:
     """`offload_optimizer.ratio` (partial offload): what DeepSpeed 0.19 asserts or silently ignores."""
-    key, ratio = "zero_optimization.offload_optimizer.ratio", lookup(config, "zero_optimization.offload_optimizer.ratio")
+    key = "zero_optimization.offload_optimizer.ratio"
+    ratio = lookup(config, key)
     if ratio is None:
         return []
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
@@ -132,7 +133,8 @@ def _partial_offload(config: dict, stage: Any, opt_device: Any) -> list[Finding]
         found.append(f'partial offload needs offload_optimizer.device "cpu" (is {opt_device!r}): the GPU part is '
                      'stepped by torch AdamW, the rest by DeepSpeedCPUAdam; set device "cpu" or remove ratio')
     opt_type = str(lookup(config, "optimizer.type", "")).lower()
-    if opt_device == "cpu" and (opt_type not in ("adam", "adamw") or config.get("zero_force_ds_cpu_optimizer") is False):
+    if opt_device == "cpu" and (opt_type not in ("adam", "adamw")
+                                or config.get("zero_force_ds_cpu_optimizer") is False):
         found.append("partial offload needs DeepSpeedCPUAdam (DeepSpeed asserts 'Hybrid Optimizer Only Supports "
                      'DeepSpeedCPUAdam\'): use the optimizer block {"type": "AdamW", "params": {...}} (hf-zero3 '
                      "config new writes it)")
