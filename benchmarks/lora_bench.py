@@ -241,6 +241,7 @@ def launch(spec_path: Path, log: Path, timeout: int, deepspeed: bool = True) -> 
 
 def check_save(work: Path, steps: int) -> dict:
     """The lora_zero3 run's checkpoint: complete (its adapter verified on the GPU), and its export."""
+    from hf_zero3.checkpoint import contents
     from hf_zero3.checkpoint import lifecycle as ckpt
     from hf_zero3.checkpoint.export import export_checkpoint
 
@@ -250,9 +251,9 @@ def check_save(work: Path, steps: int) -> dict:
         out = work / "lora_zero3-adapter"
         if not out.exists():
             export_checkpoint(folder, out, dtype="bf16")
-        tensors = ckpt.adapter_tensors(out)
+        tensors = contents.adapter_tensors(out)
         found.update({"export": str(out), "tensors": len(tensors), "empty": sum(t.numel() == 0 for t in tensors.values()),
-                      "export_bytes": (out / ckpt.ADAPTER_WEIGHTS).stat().st_size})
+                      "export_bytes": (out / contents.ADAPTER_WEIGHTS).stat().st_size})
     return found
 
 

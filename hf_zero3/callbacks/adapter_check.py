@@ -6,7 +6,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError, adapter_key, checkpoint_dir, verify_adapter
+from hf_zero3.checkpoint.contents import adapter_key, verify_adapter
+from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir
 from hf_zero3.run.distributed import gather_from_ranks
 
 
@@ -17,7 +18,7 @@ class AdapterCheckCallback(TrainerCallback):
     `torch.Size([0])` placeholders; a save that takes the module's state dict instead of gathering writes empty
     tensors (or zeros), and nothing in the Trainer notices. Here, after each save, every rank adds up the squares
     of its slices (one all-reduce of a few floats, no gather) and rank 0 compares the saved adapter with those
-    shapes and norms (`hf_zero3.checkpoint.lifecycle.verify_adapter`). It must come before
+    shapes and norms (`hf_zero3.checkpoint.contents.verify_adapter`). It must come before
     CheckpointGuardCallback: a save refused here never gets its completion marker, so it is never resumed from,
     exported or pushed.
     """

@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 
 from hf_zero3 import __version__, recipes
 from hf_zero3.callbacks._console import say
+from hf_zero3.checkpoint import contents, folders
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.plan.hardware import gpu_name, versions
 from hf_zero3.plan.saves import SaveSize, save_size
@@ -65,7 +66,7 @@ class CheckpointGuardCallback(TrainerCallback):
             ckpt.claim_output_dir(args.output_dir, run_id)
         gather_from_ranks({})  # the claims are on disk before any rank classifies folders
         every = state.save_steps if args.save_strategy == "steps" and state.save_steps else None
-        mine = [] if args.save_strategy == "no" else ckpt.save_collisions(
+        mine = [] if args.save_strategy == "no" else folders.save_collisions(
             args.output_dir, state.global_step, state.max_steps, every)
         collisions = [line for record in gather_from_ranks({"c": [f"{f.path}: {f.why}" for f in mine]})
                       for line in record["c"]]
@@ -175,7 +176,7 @@ class CheckpointGuardCallback(TrainerCallback):
 
     def _before_save(self, args, state) -> None:
         folder = ckpt.checkpoint_dir(args.output_dir, state.global_step)
-        there = ckpt.classify(folder, ckpt.read_run_id(args.output_dir)) if folder.exists() else None
+        there = folders.classify(folder, ckpt.read_run_id(args.output_dir)) if folder.exists() else None
         newest = ckpt.newest_complete(args.output_dir)
         need = int(((ckpt.read_marker(newest) or {}).get("bytes", 0) if newest else self._first_save_bytes)
                    * self.space_margin)
@@ -215,9 +216,10 @@ class CheckpointGuardCallback(TrainerCallback):
         writer = node_writer(args)
         if args.save_on_each_node and args.deepspeed and args.world_size > 1:
             _latest_on_each_node(folder, args, state)
-        problems = ckpt.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
+        problems = contents.verify_rank_files(folder, args.process_index, args.world_size, bool(args.deepspeed))
         if args.should_save:  # the 16-bit weights: gathered on rank 0 alone, so on node 0 only (save_on_each_node)
-            problems += ckpt.verify_shared_files(folder, weights=_gathers_weights(args) and state.is_world_process_zero)
+            problems += contents.verify_shared_files(
+                folder, weights=_gathers_weights(args) and state.is_world_process_zero)
         # each rank hashes the files it wrote (still in its page cache), all ranks at once
         hashes = ckpt.hash_files(folder, args.process_index, args.world_size, writer) if not problems else {}
         records = gather_from_ranks({"problems": problems, "hashes": hashes, "writer": writer})
@@ -243,8 +245,8 @@ class CheckpointGuardCallback(TrainerCallback):
             everywhere = set.intersection(*(set(r["steps"]) for r in gather_from_ranks({"steps": mine})))
         if not args.should_save:
             return
-        for old in ckpt.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint,
-                               everywhere=everywhere):
+        for old in folders.rotate(args.output_dir, self.save_total_limit, protect=state.best_model_checkpoint,
+                                  everywhere=everywhere):
             say(f"hf_zero3: deleted {old} (keeping the newest {self.save_total_limit} complete)")
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.checkpoint.lifecycle import checkpoint_dir, deepspeed_tag_dir, optim_states_files
+from hf_zero3.checkpoint.contents import deepspeed_tag_dir, optim_states_files
+from hf_zero3.checkpoint.lifecycle import checkpoint_dir
 
 logger = logging.getLogger(__name__)
 

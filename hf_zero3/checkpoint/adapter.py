@@ -15,15 +15,15 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import (
+from hf_zero3.checkpoint.contents import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    CheckpointError,
     _weight_files,
     adapter_key,
     adapter_tensors,
     verify_adapter,
 )
+from hf_zero3.checkpoint.lifecycle import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",

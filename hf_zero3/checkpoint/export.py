@@ -20,18 +20,15 @@ from pathlib import Path
 from hf_zero3.checkpoint import adapter
 from hf_zero3.checkpoint.adapter import base_problem
 from hf_zero3.checkpoint.card import model_card
-from hf_zero3.checkpoint.lifecycle import (
-    CheckpointError,
+from hf_zero3.checkpoint.contents import (
     deepspeed_tag_dir,
     holds_adapter,
-    is_complete,
-    newest_complete,
-    read_finished,
     universal_tag,
     verify_adapter,
     verify_checkpoint,
     verify_weights,
 )
+from hf_zero3.checkpoint.lifecycle import CheckpointError, is_complete, newest_complete, read_finished
 from hf_zero3.checkpoint.names import meta_model, to_saved_layout
 from hf_zero3.checkpoint.nvme_states import OFFLOADED, has_nvme_states, swapped_fp32_groups
 from hf_zero3.units import parse_size

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from fnmatch import fnmatch
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import ADAPTER_CONFIG, CheckpointError, holds_adapter, verify_weights
+from hf_zero3.checkpoint.contents import ADAPTER_CONFIG, holds_adapter, verify_weights
+from hf_zero3.checkpoint.lifecycle import CheckpointError
 
 PUSHED = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json", ADAPTER_CONFIG,
           "tokenizer*",

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hf_zero3.checkpoint.lifecycle import CheckpointError, model_states_files
+from hf_zero3.checkpoint.contents import model_states_files
+from hf_zero3.checkpoint.lifecycle import CheckpointError
 
 OFFLOADED = "offloaded_tensors"
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from hf_zero3.config import batch
-from hf_zero3.config.build import BRIDGE_FILLED_KEYS, OFFLOADED_OPTIMIZER_BLOCK
+from hf_zero3.config import batch, trainer_findings, zero_findings
+from hf_zero3.config.build import BRIDGE_FILLED_KEYS
+from hf_zero3.config.findings import Finding, lookup
 
 KNOWN_TOP_LEVEL_KEYS = frozenset(
     """
@@ -81,22 +79,6 @@ NON_NEGATIVE_KEYS = frozenset(
     }
 )
 
-Level = Literal["error", "warning", "info"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem or note about a config: where (dotted key), what, and the fix."""
-
-    level: Level
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.key}: " if self.key else ""
-        return f"{self.level.upper():7} {where}{self.message}"
-
-
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read a ds_config JSON file; a clear error for a missing or malformed file."""
     path = Path(path)
@@ -147,13 +129,13 @@ def check_ds_config(
         if _int_or_none(value) is not None and value <= 0:
             findings.append(Finding("error", name, f"must be >= 1 (got {value})"))
     findings += _batch(config, world_size, micro_batch, grad_accum, names)
-    findings += _check_precision(config, device, training_args)
-    findings += _bridge_matches(config, training_args or {})
-    findings += _warmup(config, training_args)
-    findings += _zero(config)
-    findings += _super_offload(config, device)
-    findings += _optimizer(config.get("optimizer"))  # after _zero: a partial-offload problem is named first
-    findings += _persistence(config, world_size)
+    findings += trainer_findings.precision(config, device, training_args)
+    findings += trainer_findings.bridge_matches(config, training_args or {})
+    findings += trainer_findings.warmup(config, training_args)
+    findings += zero_findings.zero(config)
+    findings += zero_findings.super_offload(config, device)
+    findings += _optimizer(config.get("optimizer"))  # after the zero block's: a partial-offload problem is named first
+    findings += zero_findings.persistence(config, world_size)
     # One finding per key and level: our own message wins over DeepSpeed's generic one.
     seen: set[tuple[str, str]] = set()
     unique = []
@@ -166,15 +148,6 @@ def check_ds_config(
 
 def has_errors(findings: list[Finding]) -> bool:
     return any(f.level == "error" for f in findings)
-
-
-def _get(config: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def _leaves(node: Any, prefix: str = ""):
@@ -243,10 +216,10 @@ def _unknown_and_invalid(config: dict) -> list[Finding]:
                 if key not in allowed:
                     findings.append(Finding("error", f"{block}.{key}", f"unknown key in '{block}'"
                                             f"{_did_you_mean(key, allowed)} Allowed: {', '.join(sorted(allowed))}."))
-    findings += [Finding("warning", key, why) for key, why in IGNORED_KEYS.items() if _get(config, key) is not None]
+    findings += [Finding("warning", key, why) for key, why in IGNORED_KEYS.items() if lookup(config, key) is not None]
     findings += _scheduler_params(config.get("scheduler"))
     for block, model in _block_models().items():
-        value = _get(config, block)
+        value = lookup(config, block)
         if value is None:
             continue
         if not isinstance(value, dict):
@@ -451,264 +424,3 @@ def _batch(config: dict, world: int | None, micro_arg: int | None, accum_arg: in
     return findings
 
 
-def _enabled(config: dict, block: str) -> bool:
-    return _get(config, f"{block}.enabled") is True
-
-
-def _check_precision(config: dict, device: str | None, training_args: Mapping[str, Any] | None) -> list[Finding]:
-    findings = []
-    if training_args is not None:
-        # What DeepSpeed will run with once the bridge has filled "auto" from TrainingArguments.
-        on = {block: _get(config, f"{block}.enabled") is True or (_get(config, f"{block}.enabled") == "auto"
-                                                                    and bool(training_args.get(block)))
-              for block in ("fp16", "bf16")}
-        if on["fp16"] and on["bf16"] and not (_enabled(config, "fp16") and _enabled(config, "bf16")):
-            findings.append(Finding("error", "fp16.enabled",
-                                    "fp16 and bf16 would both be on (the ds_config's and TrainingArguments' fp16/bf16 "
-                                    "together): keep one, e.g. set both blocks' enabled to 'auto' and pass only "
-                                    "--bf16 true (Ampere/Hopper) or only --fp16 true (V100/T4)"))
-    if "bfloat16" in config:
-        if "bf16" in config:
-            findings.append(Finding("error", "bfloat16", "both 'bf16' and its old alias 'bfloat16' are set: DeepSpeed "
-                                                         "reads only 'bf16'. Remove the 'bfloat16' block"))
-        else:
-            findings.append(Finding("warning", "bfloat16", "old alias of 'bf16': the HF Trainer adds "
-                                                           "bf16.enabled=false when --bf16 is off, which DeepSpeed "
-                                                           "reads first, so the run trains in fp32. Rename it 'bf16'"))
-    if _enabled(config, "fp16") and (_enabled(config, "bf16") or _enabled(config, "bfloat16")):
-        findings.append(Finding("error", "fp16.enabled", "fp16 and bf16 are both enabled: keep one "
-                                                         "(bf16 on Ampere/Hopper, fp16 on V100/T4)"))
-    if _enabled(config, "fp16"):
-        if device == "cpu":
-            findings.append(Finding("error", "fp16.enabled", "fp16 is not supported on CPU: set fp16.enabled "
-                                                             "false (fp32) or use bf16"))
-        findings.append(Finding("warning", "fp16.enabled",
-                                "on Ampere/Hopper GPUs (A100, H100, H200) prefer bf16: same speed, no loss "
-                                "scaling and no skipped overflow steps. Set bf16.enabled true and drop fp16 "
-                                "(keep fp16 only for GPUs without bf16: V100, T4)"))
-    return findings
-
-
-BRIDGE_MATCHED = {
-    "gradient_clipping": ("max_grad_norm", lambda a: a["max_grad_norm"]),
-    "optimizer.params.lr": ("learning_rate", lambda a: a["learning_rate"]),
-    "optimizer.params.betas": ("adam_beta1+adam_beta2", lambda a: [a["adam_beta1"], a["adam_beta2"]]),
-    "optimizer.params.eps": ("adam_epsilon", lambda a: a["adam_epsilon"]),
-    "optimizer.params.weight_decay": ("weight_decay", lambda a: a["weight_decay"]),
-    "scheduler.params.warmup_max_lr": ("learning_rate", lambda a: a["learning_rate"]),
-    "fp16.enabled": ("fp16", lambda a: bool(a["fp16"] or a["fp16_full_eval"])),
-    "bf16.enabled": ("bf16", lambda a: bool(a["bf16"] or a["bf16_full_eval"])),
-}
-"""ds_config key -> the TrainingArguments value HfTrainerDeepSpeedConfig.trainer_config_process matches it with
-(transformers 5.x; the batch keys are checked in `_batch`)."""
-
-
-def _bridge_matches(config: dict, training_args: Mapping[str, Any]) -> list[Finding]:
-    """An explicit value that differs from TrainingArguments: the bridge stops the run on it, after the model loaded."""
-    findings = []
-    for key, (name, value_of) in BRIDGE_MATCHED.items() if training_args else ():
-        ours, theirs = _get(config, key), value_of(training_args)
-        if ours is not None and ours != "auto" and ours != theirs:
-            findings.append(Finding("error", key, f"the config says {json.dumps(ours, default=str)} but TrainingArguments "
-                                                  f"{name} is {json.dumps(theirs, default=str)}: set {key} to 'auto' (the Trainer fills "
-                                                  f"it) or make them equal"))
-    return findings
-
-
-WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
-"""DeepSpeed's schedulers that take `warmup_num_steps` (DeepSpeed 0.19.6 and later refuse it below 1; before, WarmupLR
-and WarmupDecayLR raised it to 2)."""
-DEEPSPEED_REFUSES_NO_WARMUP = (0, 19, 6)
-TRANSFORMERS_FILLS_AT_LEAST_ONE = (5, 18)
-"""From this transformers release the bridge fills `"auto"` warmup_num_steps with max(1, the run's warmup steps);
-before it, with the warmup steps as they are (0 by default)."""
-
-
-def _version(package: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version(package).split("+")[0].split(".")[:3] if part.isdigit())
-
-
-def _warmup(config: dict, training_args: Mapping[str, Any] | None) -> list[Finding]:
-    """A DeepSpeed warmup scheduler with no warmup: DeepSpeed refuses it when the engine starts, after the model
-    loaded (`warmup_num_steps must be a positive integer, got 0`), or the run warms up where none was asked."""
-    scheduler = config.get("scheduler")
-    if not isinstance(scheduler, dict) or scheduler.get("type") not in WARMUP_SCHEDULERS:
-        return []
-    params = scheduler.get("params") if isinstance(scheduler.get("params"), dict) else {}
-    value = params.get("warmup_num_steps", 1000)  # DeepSpeed's default
-    if value == "auto" and training_args is not None:
-        warmup = training_args.get("warmup_steps") or training_args.get("warmup_ratio") or 0
-        return warmup_findings(scheduler["type"], "auto", float(warmup), _version("transformers"),
-                               _version("deepspeed"))
-    return warmup_findings(scheduler["type"], value, None, _version("transformers"), _version("deepspeed"))
-
-
-def warmup_findings(kind: str, value: Any, warmup_steps: float | None, transformers: tuple[int, ...],
-                    deepspeed: tuple[int, ...]) -> list[Finding]:
-    """What DeepSpeed's `kind` scheduler does with `warmup_num_steps` `value` ("auto": filled from `warmup_steps`, the
-    TrainingArguments'), under these transformers and DeepSpeed versions."""
-    key = "scheduler.params.warmup_num_steps"
-    fix = (f"set warmup_steps to 1 or more (the Trainer fills {key} from it), or remove the scheduler block: the "
-           "Trainer's own schedule then applies (lr_scheduler_type, warmup_steps), where no warmup is allowed")
-    if value == "auto":
-        if warmup_steps is None or warmup_steps > 0:
-            return []
-        filled = 1 if transformers >= TRANSFORMERS_FILLS_AT_LEAST_ONE else 0
-    elif isinstance(value, int) and not isinstance(value, bool) and value < 1:
-        filled, fix = value, f"set {key} to 1 or more, or remove the scheduler block (the Trainer's schedule applies)"
-    else:
-        return []
-    if filled < 1 and deepspeed >= DEEPSPEED_REFUSES_NO_WARMUP:
-        source = "warmup_steps is 0 and this transformers fills it as is" if value == "auto" else "it is"
-        return [Finding("error", key, f"{kind} needs at least 1 warmup step and DeepSpeed "
-                                      f"{'.'.join(map(str, deepspeed))} stops the run on {filled} once the model has "
-                                      f"loaded ({source}): {fix}")]
-    given = "warmup_steps 0, which this transformers fills as 1" if value == "auto" and filled else f"{filled}"
-    return [Finding("warning", key, f"{kind} warms up over at least 2 steps whatever it is given ({given}): the first "
-                                    "step trains at the warmup's lowest learning rate. For no warmup remove the "
-                                    "scheduler block (the Trainer's lr_scheduler_type and warmup_steps apply)")]
-
-
-def _super_offload(config: dict, device: str | None) -> list[Finding]:
-    """`offload_optimizer.super_offload` (DeepSpeed's CPU Adam step overlapped with backward): what DeepSpeed 0.19
-    asserts once the model has loaded, or ignores."""
-    key = "zero_optimization.offload_optimizer.super_offload"
-    if _get(config, key) is not True:
-        return []
-    stage = _get(config, "zero_optimization.stage", 0)
-    opt_device = _get(config, "zero_optimization.offload_optimizer.device")
-    if stage != 3 or opt_device != "cpu":
-        return [Finding("error", key, f"SuperOffload needs ZeRO stage 3 with offload_optimizer.device 'cpu' (stage is "
-                                      f"{stage}, device {opt_device!r}): set both, or remove super_offload")]
-    if device == "cpu":
-        return [Finding("error", key, "SuperOffload runs on NVIDIA GPUs only (DeepSpeed asserts a CUDA accelerator "
-                                      "after the model has loaded): remove super_offload for a run on CPU")]
-    return []
-
-
-def _zero(config: dict) -> list[Finding]:
-    findings = []
-    stage = _get(config, "zero_optimization.stage", 0)
-    param_device = _get(config, "zero_optimization.offload_param.device", "none")
-    opt_device = _get(config, "zero_optimization.offload_optimizer.device", "none")
-    if param_device not in ("none", None) and stage in (0, 1, 2):
-        findings.append(Finding("error", "zero_optimization.offload_param",
-                                f"parameter offload needs ZeRO stage 3 (stage is {stage}): set "
-                                "zero_optimization.stage to 3 or remove offload_param"))
-    if opt_device not in ("none", None) and "optimizer" not in config and \
-            config.get("zero_force_ds_cpu_optimizer", True) is not False:
-        findings.append(Finding("error", "optimizer",
-                                "the optimizer is offloaded but there is no optimizer block: the Trainer then "
-                                "passes torch AdamW, which DeepSpeed refuses with ZeRO-Offload (or runs slowly "
-                                "on CPU). Add " + json.dumps({"optimizer": OFFLOADED_OPTIMIZER_BLOCK})
-                                + " (hf-zero3 config new does)"))
-    if opt_device == "nvme" and stage in (1, 2):
-        findings.append(Finding("error", "zero_optimization.offload_optimizer.device",
-                                f"'nvme' needs ZeRO stage 3 (stage is {stage}): stages 1 and 2 offload to host RAM "
-                                "whatever the device and ignore nvme_path (DeepSpeed's stage_1_and_2.py). Set "
-                                "zero_optimization.stage to 3, or device to 'cpu'"))
-    findings += _partial_offload(config, stage, opt_device)
-    for which, device in (("offload_param", param_device), ("offload_optimizer", opt_device)):
-        if device == "nvme":
-            findings += _nvme_path(f"zero_optimization.{which}.nvme_path",
-                                   _get(config, f"zero_optimization.{which}.nvme_path"))
-    findings += _activation_checkpointing(config.get("activation_checkpointing"))
-    gather = _get(config, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                  _get(config, "zero_optimization.stage3_gather_fp16_weights_on_model_save", None))
-    if stage == 3 and gather is not True:  # left out (DeepSpeed's default: off) is a warning; set false, a choice
-        level = "info" if gather is False else "warning"
-        findings.append(Finding(level, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                                "is off: Trainer.save_model() then writes no usable weights, only ZeRO shards; "
-                                "`hf-zero3 export <checkpoint-N or finished output_dir> OUT` writes the Hugging Face "
-                                "folder. Set it to true unless rank 0's host RAM cannot hold a 16-bit copy of the "
-                                "whole model at each save (`hf-zero3 plan` counts it)"))
-    return findings
-
-
-WHOLE_MODEL_THRESHOLD = 10**10
-"""A persistence threshold at least this large keeps every tensor of any model we plan for whole (the largest, a
-256k x 32k embedding, has 8.4e9 elements)."""
-
-
-def _persistence(config: dict, world_size: int | None) -> list[Finding]:
-    """The one-GPU setting `stage3_param_persistence_threshold: EVERY_PARAMETER` taken to more GPUs keeps the whole
-    16-bit model on each of them, beside its partitions."""
-    threshold = _get(config, "zero_optimization.stage3_param_persistence_threshold")
-    if (_get(config, "zero_optimization.stage", 0) != 3 or not world_size or world_size < 2
-            or not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
-            or threshold < WHOLE_MODEL_THRESHOLD):
-        return []
-    return [Finding("warning", "zero_optimization.stage3_param_persistence_threshold",
-                    f"{threshold} keeps every parameter whole on each of the {world_size} ranks, beside its "
-                    "partition: the whole 16-bit model on every GPU. That is the planner's choice for one GPU, "
-                    "where it costs nothing; on more, set \"auto\" (or a value below the layer matrices, which "
-                    "`hf-zero3 plan` counts)")]
-
-
-def _activation_checkpointing(block: Any) -> list[Finding]:
-    """DeepSpeed's block configures only deepspeed.checkpointing.checkpoint, which HF models never call; of its
-    keys, cpu_checkpointing is carried out by `hf-zero3 train` (activation offload), the rest do nothing."""
-    if not isinstance(block, dict):
-        return []
-    findings = []
-    if block.get("cpu_checkpointing") is True:
-        findings.append(Finding("info", "activation_checkpointing.cpu_checkpointing",
-                                "applied by `hf-zero3 train` as activation offload (hf_zero3/run/activation_offload.py"
-                                "): the activations the decoder saves for backward, with gradient_checkpointing the "
-                                "checkpointed layer inputs, live in pinned host memory. DeepSpeed alone does not "
-                                "apply it to HF models: with a plain `--deepspeed` script it does nothing unless the "
-                                "script calls hf_zero3.run.activation_offload.enable(model) before its Trainer"))
-    inert = sorted(k for k, v in block.items() if k != "cpu_checkpointing" and v not in (False, None))
-    if inert or not findings:
-        what = ", ".join(inert) if inert else "this block"
-        findings.append(Finding("warning", "activation_checkpointing",
-                                f"{what}: only configures deepspeed.checkpointing.checkpoint, which HF models never "
-                                "call: it does nothing. Remove it and set TrainingArguments gradient_checkpointing: "
-                                "true with gradient_checkpointing_kwargs: {use_reentrant: false}"))
-    return findings
-
-
-def _partial_offload(config: dict, stage: Any, opt_device: Any) -> list[Finding]:
-    """`offload_optimizer.ratio` (partial offload): what DeepSpeed 0.19 asserts or silently ignores."""
-    key, ratio = "zero_optimization.offload_optimizer.ratio", _get(config, "zero_optimization.offload_optimizer.ratio")
-    if ratio is None:
-        return []
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-        return [Finding("error", key, f"must be a number in (0, 1] (got {ratio!r}): the fraction of the optimizer "
-                                      "states stepped on the CPU; 1.0 offloads them all")]
-    if ratio == 1:
-        return []
-    found = []  # one finding per key (check_ds_config keeps the first of a key), so the problems are joined
-    if stage != 3:
-        found.append(f"partial offload needs ZeRO stage 3 (stage is {stage}; DeepSpeed asserts): set "
-                     "zero_optimization.stage to 3 or remove ratio")
-    if opt_device != "cpu":
-        found.append(f'partial offload needs offload_optimizer.device "cpu" (is {opt_device!r}): the GPU part is '
-                     'stepped by torch AdamW, the rest by DeepSpeedCPUAdam; set device "cpu" or remove ratio')
-    opt_type = str(_get(config, "optimizer.type", "")).lower()
-    if opt_device == "cpu" and (opt_type not in ("adam", "adamw") or config.get("zero_force_ds_cpu_optimizer") is False):
-        found.append("partial offload needs DeepSpeedCPUAdam (DeepSpeed asserts 'Hybrid Optimizer Only Supports "
-                     'DeepSpeedCPUAdam\'): use the optimizer block {"type": "AdamW", "params": {...}} (hf-zero3 '
-                     "config new writes it)")
-    return [Finding("error", key, "; ".join(found))] if found else []
-
-
-def _nvme_path(key: str, path: Any) -> list[Finding]:
-    if not path:
-        return [Finding("error", key, "NVMe offload needs nvme_path: a directory on a fast local NVMe mount")]
-    if not os.path.isdir(path):
-        return [Finding("error", key, f"{path} does not exist on this machine: create it "
-                                      f"(mkdir -p {path}) on every node or point nvme_path at a mounted NVMe dir")]
-    if not _writable(path):
-        return [Finding("error", key, f"{path} is not writable by this user: fix its permissions "
-                                      f"(chown/chmod) or pick another directory")]
-    return []
-
-
-def _writable(directory: str) -> bool:
-    """Try a real write: os.access says yes to root even on read-only or pseudo file systems."""
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            return True
-    except OSError:
-        return False

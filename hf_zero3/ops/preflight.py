@@ -1,5 +1,5 @@
 """The doctor's run: its input files read first (a bad one is a usage error, before any check), then each group of
-checks in `ops.doctor`, in the order of `cli.doctor.CHECK_GROUPS`, skipping the groups asked."""
+checks in `ops.doctor` and `ops.deepspeed_ops`, in the order of `cli.doctor.CHECK_GROUPS`, skipping the groups asked."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from packaging.requirements import InvalidRequirement, Requirement
 
 from hf_zero3.config.check import load_config
-from hf_zero3.ops import doctor
+from hf_zero3.ops import deepspeed_ops, doctor
 from hf_zero3.plan.hardware import default_ranks
 
 
@@ -69,11 +69,11 @@ def run_checks(args, config: dict) -> Iterator[doctor.Result]:
 
 def _op_checks(args, config: dict) -> Iterator[doctor.Result]:
     """The DeepSpeed ops the config needs and `--ops` names (required), else the usual ones (optional)."""
-    required = doctor.needed_ops(config)
+    required = deepspeed_ops.needed_ops(config)
     for name in (n.strip() for group in args.ops for n in group.split(",") if n.strip()):
         required.setdefault(name, "named in --ops")
-    optional = [] if args.config or args.ops else [n for n in doctor.DEFAULT_OPS if n not in required]
+    optional = [] if args.config or args.ops else [n for n in deepspeed_ops.DEFAULT_OPS if n not in required]
     for name, reason in required.items():
-        yield doctor.check_op(name, reason, required=True, build=args.build_ops)
+        yield deepspeed_ops.check_op(name, reason, required=True, build=args.build_ops)
     for name in optional:
-        yield doctor.check_op(name, required=False, build=args.build_ops)
+        yield deepspeed_ops.check_op(name, required=False, build=args.build_ops)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.config.check import load_config
 
@@ -32,7 +33,7 @@ def resume_target(values: dict[str, Any]) -> Path | None:
 
 
 def _saved_kind(checkpoint: Path) -> str | None:
-    if (checkpoint / ckpt.ADAPTER_CONFIG).is_file():
+    if (checkpoint / contents.ADAPTER_CONFIG).is_file():
         return "adapter"
     return "full" if (checkpoint / "config.json").is_file() else None
 
@@ -43,18 +44,18 @@ def _run_kind(values: dict[str, Any]) -> str:
 
 def _kind_fix(checkpoint: Path, saved: str, wanted: str) -> str:
     if saved == "adapter":
-        config = json.loads((checkpoint / ckpt.ADAPTER_CONFIG).read_text())
+        config = json.loads((checkpoint / contents.ADAPTER_CONFIG).read_text())
         block = {k: config.get(k) for k in ("r", "lora_alpha", "target_modules") if config.get(k) is not None}
-        return (f"{checkpoint} is a LoRA adapter's checkpoint ({ckpt.ADAPTER_CONFIG}: {block}) and this run has no "
+        return (f"{checkpoint} is a LoRA adapter's checkpoint ({contents.ADAPTER_CONFIG}: {block}) and this run has no "
                 "peft: block: resume it with the peft: block of the run that saved it, or train the full model in "
                 "another output_dir")
-    return (f"{checkpoint} is a full fine-tune's checkpoint (every weight trained, no {ckpt.ADAPTER_CONFIG}) and this "
+    return (f"{checkpoint} is a full fine-tune's checkpoint (every weight trained, no {contents.ADAPTER_CONFIG}) and this "
             "run has a peft: block: resume it without the peft: block (--peft null), or train the adapter in another "
             "output_dir")
 
 
 def _saved_stage(checkpoint: Path) -> int | None:
-    if ckpt.universal_tag(checkpoint) is not None:  # a universal checkpoint loads into any stage
+    if contents.universal_tag(checkpoint) is not None:  # a universal checkpoint loads into any stage
         return None
     config = (ckpt.read_marker(checkpoint) or {}).get("ds_config") or {}
     return (config.get("zero_optimization") or {}).get("stage") if isinstance(config, dict) else None
@@ -108,7 +109,7 @@ def _shape_problem(checkpoint: Path, values: dict[str, Any]) -> list[str]:
             config.update_from_string(values["config_overrides"])
     except (OSError, ValueError, TypeError):
         return []
-    if not (differences := ckpt.shape_difference(checkpoint, config)):
+    if not (differences := contents.shape_difference(checkpoint, config)):
         return []
     return [(f"{checkpoint} holds a model of another shape than this run's: {'; '.join(differences)}. Resume with "
              "the model it was saved from (the model_name_or_path or config_name and config_overrides of that run: "

@@ -11,14 +11,11 @@ import os
 import shutil
 from pathlib import Path
 
+from hf_zero3.checkpoint import folders
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.checkpoint.lifecycle import (
-    ADAPTER_WEIGHTS,
-    resume_step,
-    rotate,
-    verify_complete,
-    write_finished,
-)
+from hf_zero3.checkpoint.contents import ADAPTER_WEIGHTS
+from hf_zero3.checkpoint.folders import rotate
+from hf_zero3.checkpoint.lifecycle import resume_step, verify_complete, write_finished
 from hf_zero3.run import storage
 from hf_zero3.run.arguments import UsageError
 from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
@@ -48,11 +45,11 @@ def verify_on_all_ranks(folder: Path, writer: int = 0) -> list[str]:
     return [p for record in gather_from_ranks({"problems": mine}) for p in record["problems"]]
 
 
-def seen_by_all(output_dir: Path) -> list[ckpt.Found]:
-    """output_dir's checkpoint folders as every rank sees them together (`lifecycle.combine`): on node-local disks a
+def seen_by_all(output_dir: Path) -> list[folders.Found]:
+    """output_dir's checkpoint folders as every rank sees them together (`folders.combine`): on node-local disks a
     checkpoint is complete only when it is complete on every node."""
-    views = [r["view"] for r in gather_from_ranks({"view": ckpt.view(ckpt.survey(output_dir))})]
-    return ckpt.combine(output_dir, views)
+    views = [r["view"] for r in gather_from_ranks({"view": folders.view(folders.survey(output_dir))})]
+    return folders.combine(output_dir, views)
 
 
 def is_finished(record: dict | None, args) -> bool:
@@ -100,6 +97,20 @@ def start_point(args) -> str | None:
     deleted; everything else is left in place and named (hf_zero3.checkpoint.lifecycle, docs/checkpoints.md).
     """
     output_dir, resume = Path(args.output_dir), args.resume_from_checkpoint
+    _check_paths(output_dir, resume, args)
+    if resume == "auto" and _already_finished(output_dir, args):
+        return FINISHED
+    if resume is not None:
+        start = _resume(output_dir, resume, args)
+        if start is not None:
+            return start
+    _refuse_to_overwrite(output_dir, resume, args)
+    return None
+
+
+def _check_paths(output_dir: Path, resume: str | None, args) -> None:
+    """output_dir and resume_from_checkpoint are folders; every node holds the same run; an interrupted rotation is
+    finished."""
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"output_dir {output_dir} is a file, not a folder: choose another output_dir")
     if resume not in (None, "auto") and not Path(resume).is_dir():
@@ -110,60 +121,80 @@ def start_point(args) -> str | None:
     if args.should_save:
         for left in ckpt.finish_deletions(output_dir):
             print(f"hf_zero3: finished deleting {left} (a rotation that was interrupted)", flush=True)
+
+
+def _already_finished(output_dir: Path, args) -> bool:
+    """Whether every rank sees this run finished in output_dir (said once, by rank 0)."""
     finished = is_finished(ckpt.read_finished(output_dir), args)
-    if resume == "auto" and all(r["finished"] for r in gather_from_ranks({"finished": finished})):
+    if not all(r["finished"] for r in gather_from_ranks({"finished": finished})):
+        return False
+    if is_world_process_zero():
+        record = ckpt.read_finished(output_dir)
+        print(f"hf_zero3: {output_dir} already finished at step {record.get('global_step')} (final model there): "
+              "nothing to do. Raise --max_steps (or num_train_epochs) to train further", flush=True)
+    return True
+
+
+def _resume(output_dir: Path, resume: str, args) -> str | None:
+    """The checkpoint to resume from, FINISHED when it is at max_steps already, or None (nothing to resume: start
+    from scratch). Deletes only this run's unfinished saves, after every rank has decided."""
+    try:
+        found = seen_by_all(output_dir)
+        writer = storage.node_writer(args)
+        plan = folders.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
+                                   verify=lambda folder: verify_on_all_ranks(folder, writer), found=found)
+    except ckpt.CheckpointError as e:
+        raise UsageError(str(e)) from e
+    if resume == "auto" and plan.target is None and plan.skipped:
+        raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
+                         f"complete: {folders.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
+                         "output_dir (or choose another output_dir) to start over")
+    for found_one in plan.skipped if is_world_process_zero() else []:
+        print(f"hf_zero3: not resuming from {found_one.path}: {found_one.why}. It stays where it is (move it aside "
+              f"if you do not need it); resuming from {plan.target}", flush=True)
+    target = plan.target
+    if target is not None and args.max_steps > 0 and ckpt.resume_step(target) is not None \
+            and ckpt.resume_step(target) >= args.max_steps:
+        finish_from(target, output_dir, args, {f.step for f in found if f.kind == "complete"})
         if is_world_process_zero():
-            record = ckpt.read_finished(output_dir)
-            print(f"hf_zero3: {output_dir} already finished at step {record.get('global_step')} (final model there): "
-                  "nothing to do. Raise --max_steps (or num_train_epochs) to train further", flush=True)
+            print(f"hf_zero3: {target} is at step {ckpt.resume_step(target)} >= max_steps {args.max_steps}: "
+                  f"the run is finished; its final model is in {output_dir}", flush=True)
         return FINISHED
-    if resume is not None:
-        try:
-            found = seen_by_all(output_dir)
-            writer = storage.node_writer(args)
-            plan = ckpt.plan_resume(output_dir, resume, int(os.environ.get("WORLD_SIZE", "1")),
-                                    verify=lambda folder: verify_on_all_ranks(folder, writer), found=found)
-        except ckpt.CheckpointError as e:
-            raise UsageError(str(e)) from e
-        if resume == "auto" and plan.target is None and plan.skipped:
-            raise UsageError(f"nothing to resume in {output_dir}, and it holds checkpoint folders that are not "
-                             f"complete: {ckpt.describe_found(plan.skipped)}. Nothing was deleted. Move them out of "
-                             "output_dir (or choose another output_dir) to start over")
-        for found in plan.skipped if is_world_process_zero() else []:
-            print(f"hf_zero3: not resuming from {found.path}: {found.why}. It stays where it is (move it aside if "
-                  f"you do not need it); resuming from {plan.target}", flush=True)
-        target = plan.target
-        if target is not None and args.max_steps > 0 and ckpt.resume_step(target) is not None \
-                and ckpt.resume_step(target) >= args.max_steps:
-            finish_from(target, output_dir, args, {f.step for f in found if f.kind == "complete"})
-            if is_world_process_zero():
-                print(f"hf_zero3: {target} is at step {ckpt.resume_step(target)} >= max_steps {args.max_steps}: "
-                      f"the run is finished; its final model is in {output_dir}", flush=True)
-            return FINISHED
-        barrier()  # every rank has decided before rank 0 deletes anything
-        for folder in plan.delete if args.should_save else []:  # each node its copy, on node-local disks
-            if folder.exists():
-                print(f"hf_zero3: removing {folder}: its save never finished (no completion marker on every "
-                      "node)", flush=True)
-                ckpt.remove_checkpoint(folder)
-        barrier()  # deletions done before any rank looks at the folder again
-        start = ckpt.resume_step(target) if target is not None else 0
-        if args.max_steps > 0 and args.save_strategy in ("steps", "best"):
-            every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
-            mine = ckpt.save_collisions(output_dir, start or 0, args.max_steps, every)
-            seen = [c for r in gather_from_ranks({"c": [(f.path.name, f.why) for f in mine]}) for c in r["c"]]
-            collisions = [ckpt.Found(output_dir / name, "foreign", why) for name, why in dict(seen).items()]
-            if collisions:
-                raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
-                                 f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
-                                 f"({ckpt.describe_found(collisions)}). Nothing was deleted. Move "
-                                 f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
-                                 "command again")
-        if target is not None:
-            for failed in plan.failed if args.should_save else []:  # the run goes on: keep-last-N must
-                if ckpt.read_marker(failed.path) is not None:          # never count it again
-                    ckpt.mark_failed(failed.path, failed.why)
-            return str(target)
+    barrier()  # every rank has decided before rank 0 deletes anything
+    for folder in plan.delete if args.should_save else []:  # each node its copy, on node-local disks
+        if folder.exists():
+            print(f"hf_zero3: removing {folder}: its save never finished (no completion marker on every "
+                  "node)", flush=True)
+            ckpt.remove_checkpoint(folder)
+    barrier()  # deletions done before any rank looks at the folder again
+    _refuse_save_collisions(output_dir, ckpt.resume_step(target) if target is not None else 0, args)
+    if target is None:
+        return None
+    for failed in plan.failed if args.should_save else []:  # the run goes on: keep-last-N must
+        if ckpt.read_marker(failed.path) is not None:          # never count it again
+            ckpt.mark_failed(failed.path, failed.why)
+    return str(target)
+
+
+def _refuse_save_collisions(output_dir: Path, start: int | None, args) -> None:
+    """The checkpoint folders this run will save into hold nothing that is not this run's to overwrite."""
+    if not (args.max_steps > 0 and args.save_strategy in ("steps", "best")):
+        return
+    every = int(args.save_steps) if args.save_strategy == "steps" and args.save_steps >= 1 else None
+    mine = folders.save_collisions(output_dir, start or 0, args.max_steps, every)
+    seen = [c for r in gather_from_ranks({"c": [(f.path.name, f.why) for f in mine]}) for c in r["c"]]
+    collisions = [folders.Found(output_dir / name, "foreign", why) for name, why in dict(seen).items()]
+    if collisions:
+        raise UsageError(f"this run would save into {', '.join(str(f.path) for f in collisions)}, which "
+                         f"{'is' if len(collisions) == 1 else 'are'} not this run's to overwrite "
+                         f"({folders.describe_found(collisions)}). Nothing was deleted. Move "
+                         f"{'it' if len(collisions) == 1 else 'them'} out of output_dir, then run the same "
+                         "command again")
+
+
+def _refuse_to_overwrite(output_dir: Path, resume: str | None, args) -> None:
+    """Starting from scratch: output_dir holds nothing of another run, unless --overwrite_output_dir (and even
+    then no earlier run's checkpoints)."""
     if output_dir.is_dir() and any(p.name != ckpt.RUN_ID for p in output_dir.iterdir()) \
             and not args.overwrite_output_dir:  # only a claim: a run that stopped before training (bad input)
         if resume == "auto" and (record := ckpt.read_finished(output_dir)) is not None:
@@ -188,7 +219,6 @@ def start_point(args) -> str | None:
         raise UsageError(f"output_dir {output_dir} holds checkpoints of an earlier run ({', '.join(old_checkpoints[:3])}"
                          f"{', ...' if len(old_checkpoints) > 3 else ''}): --overwrite_output_dir overwrites files but "
                          "does not mix checkpoints of two runs. Move or delete them, or choose another output_dir")
-    return None
 
 
 def _same_run_on_every_node(output_dir: Path, args) -> None:

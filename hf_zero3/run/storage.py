@@ -15,7 +15,7 @@ node-local disks (transformers 5, DeepSpeed 0.19):
 On a shared output_dir, `save_on_each_node` has every node write the same files at once, and
 `use_node_local_storage` names NVMe copies by local rank, which collide across nodes: both are refused there.
 A checkpoint on node-local disks counts only when it is complete on every node
-(`hf_zero3.checkpoint.lifecycle.combine`).
+(`hf_zero3.checkpoint.folders.combine`).
 """
 
 from __future__ import annotations

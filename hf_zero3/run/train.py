@@ -30,14 +30,9 @@ from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapt
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
 from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
 from hf_zero3.callbacks.preemption import Preempted, PreemptionCallback, release_all
-from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint.export import generation_ready
-from hf_zero3.checkpoint.lifecycle import (
-    CheckpointError,
-    newest_complete,
-    weights_gathered,
-    write_finished,
-)
+from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, weights_gathered, write_finished
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
 from hf_zero3.plan.hardware import gpu_name
@@ -93,7 +88,7 @@ def _load_model_and_tokenizer(model_args: ModelArguments, resume: str | None = N
         except ValueError as e:  # a key the config does not have, a value of the wrong type
             raise UsageError(f"config_overrides {model_args.config_overrides!r}: {e}. Use key=value pairs, comma "
                              f"separated, with keys of {source}'s config.json") from e
-    if resume and (differences := ckpt.shape_difference(resume, config)):
+    if resume and (differences := contents.shape_difference(resume, config)):
         raise UsageError(f"{resume} holds a model of another shape than this run's: {'; '.join(differences)}. Resume "
                          "with the model it was saved from (the model_name_or_path or config_name and config_overrides "
                          f"of that run: its config is {resume}/config.json), or train this model in another output_dir")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zero3.checkpoint import lifecycle
+from hf_zero3.checkpoint import folders
 from hf_zero3.plan.shapes import load_shape
 from tests.conftest import ROOT, explain, losses, run
 
@@ -94,7 +94,7 @@ def test_recipe_launch_trains_saves_exports_and_reloads(tmp_path, name):
     curve = losses(out)
     assert len(curve) == 2 and all(math.isfinite(x) for x in curve), curve
     checkpoint = out / "checkpoint-2"
-    assert lifecycle.classify(checkpoint, None).kind == "complete"
+    assert folders.classify(checkpoint, None).kind == "complete"
     exported = tmp_path / "export"
     lora = (checkpoint / "adapter_model.safetensors").is_file()  # a LoRA recipe: the base with the adapter merged in
     proc = run([sys.executable, "-m", "hf_zero3", "export", checkpoint, exported, *(["--merge"] if lora else [])],

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
 from tests.conftest import (
@@ -64,7 +65,7 @@ def test_keep_last_n_leaves_the_newest_two_complete_checkpoints(reference):
     _, out = reference
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-6", "checkpoint-8"]
     for folder in ckpt.list_checkpoints(out):
-        assert ckpt.is_complete(folder) and ckpt.verify_checkpoint(folder) == [], folder
+        assert ckpt.is_complete(folder) and contents.verify_checkpoint(folder) == [], folder
     record = ckpt.read_marker(out / "checkpoint-8")
     assert record["world_size"] == 2 and record["weights_16bit"] is True
     assert record["recipe"] == {"name": "tiny", "version": "v1"}
@@ -198,7 +199,7 @@ def test_disk_too_small_for_the_next_checkpoint_is_a_clear_error_before_writing(
     assert proc.returncode != 0
     assert "disk full: checkpoint-4 needs about 0.01" in proc.stdout + proc.stderr, explain(proc)
     assert [p.name for p in ckpt.list_checkpoints(disk / "run")] == ["checkpoint-2"]
-    assert ckpt.is_complete(disk / "run/checkpoint-2") and ckpt.verify_checkpoint(disk / "run/checkpoint-2") == []
+    assert ckpt.is_complete(disk / "run/checkpoint-2") and contents.verify_checkpoint(disk / "run/checkpoint-2") == []
 
 
 def test_disk_full_in_the_middle_of_a_save_keeps_older_checkpoints_and_resumes(small_disks, tmp_path, reference):

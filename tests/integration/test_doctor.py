@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hf_zero3.cli import main as cli_main
-from hf_zero3.ops import doctor
+from hf_zero3.ops import deepspeed_ops, doctor
 from tests.conftest import explain, run
 
 pytestmark = pytest.mark.integration
@@ -106,7 +106,7 @@ def test_nvme_config_requires_async_io(tmp_path, capsys):
                                   *QUICK)
     # the config's path is probed (OK or WARN: the disk's speed decides)
     assert re.search(rf"^(OK|WARN) +nvme:{re.escape(str(tmp_path))} ", out, re.MULTILINE), out
-    ops, _ = doctor._all_ops()
+    ops, _ = deepspeed_ops._all_ops()
     if ops["async_io"].is_compatible():
         assert code == 0 and "OK    op:async_io" in out, out
         pytest.skip("libaio is installed here: the missing-op failure path cannot be shown on this machine")

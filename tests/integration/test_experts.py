@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from hf_zero3.checkpoint import lifecycle as ckpt
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint.export import export_checkpoint
 from hf_zero3.run.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, losses_by_step, run
@@ -63,7 +63,7 @@ def test_its_checkpoints_verify_and_export_to_the_layout_save_pretrained_writes(
 
     family, root = trained
     for step in (3, 6):
-        assert ckpt.verify_checkpoint(root / "zero3" / f"checkpoint-{step}") == []
+        assert contents.verify_checkpoint(root / "zero3" / f"checkpoint-{step}") == []
     exported = export_checkpoint(root / "zero3/checkpoint-6", tmp_path / "hf", dtype="fp32")
     with safe_open(exported / "model.safetensors", "pt") as f, \
             safe_open(root / "zero3/model.safetensors", "pt") as g:  # the Trainer's final save_pretrained

@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, error_naming, explain, losses, run
@@ -68,9 +69,9 @@ def test_loss_falls_and_every_save_holds_the_adapter_with_its_real_shapes(traine
     for folder in (root / "out/checkpoint-3", root / "out/checkpoint-6"):
         assert ckpt.is_complete(folder), folder
     for folder in (root / "out/checkpoint-3", root / "out/checkpoint-6", root / "out"):
-        saved = ckpt.adapter_tensors(folder)
+        saved = contents.adapter_tensors(folder)
         assert len(saved) == 2 * 7 * 4 and all(t.numel() and t.norm() > 0 for t in saved.values()), folder
-        assert not ckpt.verify_adapter(folder, shapes_from=root / "out/checkpoint-6")
+        assert not contents.verify_adapter(folder, shapes_from=root / "out/checkpoint-6")
         assert not (folder / "model.safetensors").exists()  # the frozen base is not saved again
 
 
@@ -120,7 +121,7 @@ def test_a_run_resumed_from_a_checkpoint_continues_exactly(trained, tmp_path):
                   tmp_path / "out/checkpoint-3")
     assert proc.returncode == 0, explain(proc)
     assert losses(tmp_path / "out") == pytest.approx(losses(root / "out")[3:], abs=1e-5)
-    resumed, straight = ckpt.adapter_tensors(tmp_path / "out"), ckpt.adapter_tensors(root / "out")
+    resumed, straight = contents.adapter_tensors(tmp_path / "out"), contents.adapter_tensors(root / "out")
     assert all(torch.allclose(resumed[k], straight[k], atol=1e-6) for k in straight)
 
 

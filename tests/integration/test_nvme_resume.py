@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from hf_zero3.checkpoint.lifecycle import optim_states_files
+from hf_zero3.checkpoint.contents import optim_states_files
 from tests.conftest import ROOT, explain, losses_by_step, run, weights
 from tests.integration.test_recipes import shrunk_config
 

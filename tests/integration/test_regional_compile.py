@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hf_zero3.checkpoint.lifecycle import verify_checkpoint
+from hf_zero3.checkpoint.contents import verify_checkpoint
 from hf_zero3.run.distributed import free_port
 from tests.conftest import TINY_YAML, explain, run, train_log
 

@@ -314,7 +314,7 @@ def test_a_warmup_scheduler_without_warmup_is_refused_before_start_where_deepspe
     before 5.18 fills "auto" with warmup_steps as it is (0 by default), 5.18+ with at least 1. On the 1 x H200 box
     (transformers 5.17, DeepSpeed 0.19.8) the stock template stopped with `warmup_num_steps must be a positive
     integer, got 0` (benchmarks/results/2026-12-03_lora-8b-h200/stock_peft.log)."""
-    from hf_zero3.config.check import warmup_findings
+    from hf_zero3.config.trainer_findings import warmup_findings
 
     [old] = warmup_findings("WarmupLR", "auto", 0.0, (5, 17, 0), (0, 19, 8))
     assert old.level == "error" and old.key == "scheduler.params.warmup_num_steps"
@@ -334,7 +334,7 @@ def test_the_warmup_check_runs_on_what_is_installed_and_deepspeed_refuses_what_i
     import torch
     from deepspeed.runtime.lr_schedules import WarmupLR
 
-    from hf_zero3.config.check import DEEPSPEED_REFUSES_NO_WARMUP, _version
+    from hf_zero3.config.trainer_findings import DEEPSPEED_REFUSES_NO_WARMUP, _version
     from hf_zero3.ops.baselines import STOCK_ZERO3
 
     stock = copy.deepcopy(STOCK_ZERO3)

@@ -10,19 +10,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from hf_zero3.checkpoint import contents, folders
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
 from tests.conftest import SHAPES, make_checkpoint
 
 
-def steps(folders) -> list[int]:
-    return [ckpt.checkpoint_step(p) for p in folders]
+def steps(paths) -> list[int]:
+    return [ckpt.checkpoint_step(p) for p in paths]
 
 
 def test_a_fully_written_checkpoint_has_no_problems_and_the_marker_lists_its_files(tmp_path):
     folder = make_checkpoint(tmp_path, 10, marked=False)
-    assert ckpt.verify_checkpoint(folder) == []
+    assert contents.verify_checkpoint(folder) == []
     ckpt.write_marker(folder, {"world_size": 2})
     record = ckpt.read_marker(folder)
     assert record["step"] == 10 and record["world_size"] == 2
@@ -45,19 +46,19 @@ def test_a_fully_written_checkpoint_has_no_problems_and_the_marker_lists_its_fil
 def test_each_missing_or_broken_part_is_named(tmp_path, damage, expected):
     folder = make_checkpoint(tmp_path, 10, marked=False)
     damage(folder)
-    problems = ckpt.verify_checkpoint(folder)
+    problems = contents.verify_checkpoint(folder)
     assert any(expected in p for p in problems), problems
 
 
 def test_weights_that_look_saved_but_hold_nothing_are_caught(tmp_path):
     """The ZeRO-3 failure users hit: a model.safetensors of empty (shape [0]) or missing tensors."""
     empty = make_checkpoint(tmp_path / "a", 10, marked=False, weights={k: torch.empty(0) for k in SHAPES})
-    assert any("(no values)" in p for p in ckpt.verify_weights(empty))
+    assert any("(no values)" in p for p in contents.verify_weights(empty))
     partial = make_checkpoint(tmp_path / "b", 10, marked=False, weights={"lm_head.weight": torch.ones(8, 4)})
-    assert ckpt.verify_weights(partial) == [
+    assert contents.verify_weights(partial) == [
         "1 trained parameter(s) missing from the weights, e.g. model.embed_tokens.weight"]
     wrong = make_checkpoint(tmp_path / "c", 10, marked=False, weights={k: torch.ones(4, 8) for k in SHAPES})
-    assert "shape (4, 8) in the weights, (8, 4) trained" in ckpt.verify_weights(wrong)[0]
+    assert "shape (4, 8) in the weights, (8, 4) trained" in contents.verify_weights(wrong)[0]
 
 
 def test_a_file_changed_after_marking_makes_the_checkpoint_incomplete(tmp_path):
@@ -73,7 +74,7 @@ def test_a_file_changed_after_marking_makes_the_checkpoint_incomplete(tmp_path):
 def test_keep_last_n_counts_only_complete_checkpoints_and_never_touches_incomplete_ones(tmp_path):
     for step in range(1, 9):
         make_checkpoint(tmp_path, step, marked=step % 2 == 1)  # 1,3,5,7 complete; 2,4,6,8 not
-    deleted = ckpt.rotate(tmp_path, keep=2)
+    deleted = folders.rotate(tmp_path, keep=2)
     assert steps(deleted) == [1, 3]
     assert steps(ckpt.list_checkpoints(tmp_path)) == [2, 4, 5, 6, 7, 8]
     assert steps(ckpt.complete_checkpoints(tmp_path)) == [5, 7]
@@ -83,9 +84,9 @@ def test_keep_last_n_counts_only_complete_checkpoints_and_never_touches_incomple
 def test_rotation_never_deletes_the_newest_complete_nor_the_protected_one(tmp_path):
     for step in (1, 2, 3):
         make_checkpoint(tmp_path, step)
-    assert steps(ckpt.rotate(tmp_path, keep=0, protect=tmp_path / "checkpoint-1")) == [2]
+    assert steps(folders.rotate(tmp_path, keep=0, protect=tmp_path / "checkpoint-1")) == [2]
     assert steps(ckpt.list_checkpoints(tmp_path)) == [1, 3]
-    assert ckpt.rotate(tmp_path, keep=None) == []
+    assert folders.rotate(tmp_path, keep=None) == []
 
 
 def test_auto_resume_takes_the_newest_complete_and_removes_only_our_own_half_written_save(tmp_path):
@@ -97,7 +98,7 @@ def test_auto_resume_takes_the_newest_complete_and_removes_only_our_own_half_wri
     (ours / "latest").unlink()  # killed before DeepSpeed finished
     unknown = make_checkpoint(tmp_path, 40, marked=False)
     (unknown / "latest").unlink()  # the same state, but nothing says a save of this run started it
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert plan.target == tmp_path / "checkpoint-20"
     assert plan.delete == [ours]
     assert [(f.path, f.kind) for f in plan.skipped] == [(unknown, "foreign")]
@@ -108,7 +109,7 @@ def test_auto_resume_never_deletes_an_unmarked_folder_that_verifies(tmp_path):
     """A checkpoint written without hf_zero3 (no marker) but whole: never ours to delete, never resumed by auto."""
     make_checkpoint(tmp_path, 10)
     foreign = make_checkpoint(tmp_path, 20, marked=False)
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert (plan.target, plan.delete, [f.path for f in plan.skipped]) == (tmp_path / "checkpoint-10", [], [foreign])
 
 
@@ -119,8 +120,8 @@ def test_auto_resume_removes_our_own_unfinished_save_even_if_its_files_verify(tm
     make_checkpoint(tmp_path, 10)
     unfinished = make_checkpoint(tmp_path, 20, marked=False)
     ckpt.mark_saving(unfinished)
-    assert ckpt.verify_checkpoint(unfinished) == []
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    assert contents.verify_checkpoint(unfinished) == []
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert (plan.target, plan.delete) == (tmp_path / "checkpoint-10", [unfinished])
     ckpt.write_marker(unfinished, {"world_size": 2})
     assert not (unfinished / ckpt.SAVING).exists() and ckpt.is_complete(unfinished)
@@ -133,7 +134,7 @@ def test_a_save_flag_of_another_run_or_an_older_version_is_not_ours_to_delete(tm
     ckpt.mark_saving(copied, run_id="another-run")
     old = make_checkpoint(tmp_path, 30, marked=False)
     (old / ckpt.SAVING).write_text("a save into this folder started; hf_zero3_complete.json marks its end\n")
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert plan.delete == [] and [f.path for f in plan.skipped] == [copied, old]
     assert all("not this output_dir's run" in f.why for f in plan.skipped)
 
@@ -143,13 +144,13 @@ def test_a_complete_checkpoint_that_lost_a_file_is_kept_and_auto_falls_back(tmp_
     make_checkpoint(tmp_path, 10)
     damaged = make_checkpoint(tmp_path, 20)
     (damaged / "global_step20/zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert (plan.target, plan.delete) == (tmp_path / "checkpoint-10", [])
     assert plan.skipped[0].kind == "damaged"
     assert "marked complete, but global_step20/zero_pp_rank_0_mp_rank_00_model_states.pt is missing" in \
         plan.skipped[0].why
     assert (damaged / "model.safetensors").is_file()
-    assert ckpt.rotate(tmp_path, keep=1) == [] and damaged.is_dir()  # keep-last-N neither counts nor deletes it
+    assert folders.rotate(tmp_path, keep=1) == [] and damaged.is_dir()  # keep-last-N neither counts nor deletes it
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -169,11 +170,11 @@ def test_a_corrupted_shard_with_its_marker_intact_is_never_resumed_from(tmp_path
         expected = f"has {size - 1} bytes, the marker says {size}"
     assert any(expected in p for rank in (0, 1) for p in ckpt.verify_complete(bad, rank, 2))
     assert ckpt.verify_complete(bad, 0, 2) == []  # rank 1 wrote the shard: rank 0 checks only its own share
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert plan.target == tmp_path / "checkpoint-10" and plan.delete == []
-    assert expected in ckpt.describe_found(plan.skipped)
+    assert expected in folders.describe_found(plan.skipped)
     with pytest.raises(ckpt.CheckpointError, match="--resume_from_checkpoint .*checkpoint-10"):
-        ckpt.plan_resume(tmp_path, str(bad), world_size=2)
+        folders.plan_resume(tmp_path, str(bad), world_size=2)
 
 
 def test_the_marker_records_a_checksum_of_every_file(tmp_path):
@@ -196,7 +197,7 @@ def test_rotation_renames_before_deleting_and_the_next_start_finishes_a_killed_o
     (left / "model.safetensors").unlink()
     assert steps(ckpt.list_checkpoints(tmp_path)) == [2, 3] and steps(ckpt.complete_checkpoints(tmp_path)) == [2, 3]
     assert ckpt.finish_deletions(tmp_path) == [left] and not left.exists()
-    assert steps(ckpt.rotate(tmp_path, keep=1)) == [2]
+    assert steps(folders.rotate(tmp_path, keep=1)) == [2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
 
 
@@ -205,10 +206,10 @@ def test_explicit_resume_refuses_an_incomplete_checkpoint_and_one_older_than_a_c
     broken = make_checkpoint(tmp_path, 20, marked=False)
     (broken / "rng_state_1.pth").unlink()
     with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 cannot be resumed: rank 1: RNG state"):
-        ckpt.plan_resume(tmp_path, str(broken), world_size=2)
+        folders.plan_resume(tmp_path, str(broken), world_size=2)
     make_checkpoint(tmp_path, 30)
     with pytest.raises(ckpt.CheckpointError, match="this run would overwrite it"):
-        ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2)
+        folders.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2)
 
 
 def test_save_collisions_name_what_a_run_would_write_into(tmp_path):
@@ -217,29 +218,29 @@ def test_save_collisions_name_what_a_run_would_write_into(tmp_path):
     foreign = make_checkpoint(tmp_path, 9, marked=False)
     ours = make_checkpoint(tmp_path, 4, marked=False)
     ckpt.mark_saving(ours)
-    assert ckpt.save_collisions(tmp_path, 2, 8, save_every=2) == []  # 9 is past the end; 4 is our own
-    assert [f.path for f in ckpt.save_collisions(tmp_path, 2, 9, save_every=2)] == [foreign]  # the final save
-    assert [f.path for f in ckpt.save_collisions(tmp_path, 2, 10, save_every=3)] == [foreign]
-    assert ckpt.save_collisions(tmp_path, 2, 10, save_every=2) == []
+    assert folders.save_collisions(tmp_path, 2, 8, save_every=2) == []  # 9 is past the end; 4 is our own
+    assert [f.path for f in folders.save_collisions(tmp_path, 2, 9, save_every=2)] == [foreign]  # the final save
+    assert [f.path for f in folders.save_collisions(tmp_path, 2, 10, save_every=3)] == [foreign]
+    assert folders.save_collisions(tmp_path, 2, 10, save_every=2) == []
 
 
 def test_resume_on_another_world_size_names_reshard(tmp_path):
     folder = make_checkpoint(tmp_path, 10)
     with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
-        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+        folders.plan_resume(tmp_path, "auto", world_size=1)
     (folder / "latest_universal").write_text("global_step10_universal")  # names a copy that is not there
     with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
-        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+        folders.plan_resume(tmp_path, "auto", world_size=1)
     (folder / ".global_step10_universal.partial").mkdir()  # DeepSpeed's own pointer, before our rename
     (folder / "latest_universal").write_text(".global_step10_universal.partial")
     with pytest.raises(ckpt.CheckpointError, match="hf-zero3 reshard"):
-        ckpt.plan_resume(tmp_path, "auto", world_size=1)
+        folders.plan_resume(tmp_path, "auto", world_size=1)
     (folder / ".global_step10_universal.partial").rename(folder / "global_step10_universal")
     from hf_zero3.checkpoint.export import reshard_checkpoint
 
     assert reshard_checkpoint(folder) == folder / "global_step10_universal"  # a kill after the rename: mended
     assert (folder / "latest_universal").read_text() == "global_step10_universal"
-    assert ckpt.plan_resume(tmp_path, "auto", world_size=1) == ckpt.ResumePlan(folder, [], [])
+    assert folders.plan_resume(tmp_path, "auto", world_size=1) == folders.ResumePlan(folder, [], [])
 
 
 def test_removing_a_symlinked_checkpoint_removes_only_the_link(tmp_path):
@@ -360,23 +361,23 @@ def test_a_checkpoint_that_failed_its_checksums_never_takes_a_place_in_keep_last
     with shard.open("r+b") as f:
         f.seek(shard.stat().st_size // 2)
         f.write(bytes(64))
-    plan = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    plan = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert plan.target == tmp_path / "checkpoint-10" and [f.path for f in plan.failed] == [bad]
     ckpt.mark_failed(bad, plan.failed[0].why)
-    assert not ckpt.is_complete(bad) and ckpt.classify(bad, ckpt.read_run_id(tmp_path)).kind == "damaged"
-    assert "optim_states.pt is corrupted" in ckpt.classify(bad, None).why
+    assert not ckpt.is_complete(bad) and folders.classify(bad, ckpt.read_run_id(tmp_path)).kind == "damaged"
+    assert "optim_states.pt is corrupted" in folders.classify(bad, None).why
     make_checkpoint(tmp_path, 15)  # the resumed run's next save
-    assert steps(ckpt.rotate(tmp_path, keep=1)) == [10]
+    assert steps(folders.rotate(tmp_path, keep=1)) == [10]
     assert steps(ckpt.complete_checkpoints(tmp_path)) == [15] and bad.is_dir()  # kept for the user, not counted
-    again = ckpt.plan_resume(tmp_path, "auto", world_size=2)
+    again = folders.plan_resume(tmp_path, "auto", world_size=2)
     assert again.target == tmp_path / "checkpoint-15" and again.failed == []
     assert [f.path for f in again.skipped] == [bad]
-    assert ckpt.save_collisions(tmp_path, 15, 20, 5)[0].why.startswith("failed verification on ")
+    assert folders.save_collisions(tmp_path, 15, 20, 5)[0].why.startswith("failed verification on ")
 
 
 def test_an_explicit_resume_does_not_record_a_failure(tmp_path):
     make_checkpoint(tmp_path, 10)
-    assert ckpt.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2).failed == []
+    assert folders.plan_resume(tmp_path, str(tmp_path / "checkpoint-10"), world_size=2).failed == []
 
 
 def test_an_explicit_resume_through_a_link_or_a_renamed_copy_knows_its_step(tmp_path):
@@ -386,13 +387,13 @@ def test_an_explicit_resume_through_a_link_or_a_renamed_copy_knows_its_step(tmp_
     newest = make_checkpoint(tmp_path, 20)
     (tmp_path / "best").symlink_to(newest)
     assert ckpt.resume_step(tmp_path / "best") == 20
-    assert ckpt.plan_resume(tmp_path, str(tmp_path / "best"), world_size=2).target == tmp_path / "best"
+    assert folders.plan_resume(tmp_path, str(tmp_path / "best"), world_size=2).target == tmp_path / "best"
     elsewhere = tmp_path.parent / f"{tmp_path.name}-final"  # a copy renamed by hand: its trainer state says 10
     import shutil
     shutil.copytree(tmp_path / "checkpoint-10", elsewhere)
     assert ckpt.resume_step(elsewhere) == 10
     with pytest.raises(ckpt.CheckpointError, match="checkpoint-20 in .*complete and newer than the resume point"):
-        ckpt.plan_resume(tmp_path, str(elsewhere), world_size=2)
+        folders.plan_resume(tmp_path, str(elsewhere), world_size=2)
 
 
 # --- node-local disks: a checkpoint is what its copies on the nodes together are ---------------------------------
@@ -408,7 +409,7 @@ def node_copy(root, step: int, run_id: str, kind: str):
 
 
 def seen(*nodes):
-    return [ckpt.view(ckpt.survey(node)) for node in nodes]
+    return [folders.view(folders.survey(node)) for node in nodes]
 
 
 def test_a_checkpoint_counts_only_when_complete_on_every_node_and_a_half_finished_one_is_ours_to_delete(tmp_path):
@@ -420,13 +421,13 @@ def test_a_checkpoint_counts_only_when_complete_on_every_node_and_a_half_finishe
     node_copy(a, 4, run_id, "complete")  # node 0 marked step 4, then node 1 died before it did
     node_copy(b, 4, run_id, "unfinished")
     node_copy(a, 6, run_id, "unfinished")  # node 1 never got to step 6 at all
-    found = ckpt.combine(a, seen(a, b))
+    found = folders.combine(a, seen(a, b))
     assert [(f.path.name, f.kind) for f in found] == [
         ("checkpoint-2", "complete"), ("checkpoint-4", "unfinished"), ("checkpoint-6", "unfinished")]
     assert "complete on some nodes only" in found[1].why
-    plan = ckpt.plan_resume(a, "auto", world_size=2, found=found)
+    plan = folders.plan_resume(a, "auto", world_size=2, found=found)
     assert plan.target == a / "checkpoint-2" and plan.delete == [a / "checkpoint-4", a / "checkpoint-6"]
-    assert ckpt.combine(a, seen(a, a)) == ckpt.combine(a, seen(a))  # one shared folder: what one rank sees
+    assert folders.combine(a, seen(a, a)) == folders.combine(a, seen(a))  # one shared folder: what one rank sees
 
 
 def test_a_copy_that_is_not_this_runs_is_never_taken_for_an_unfinished_save(tmp_path):
@@ -437,10 +438,10 @@ def test_a_copy_that_is_not_this_runs_is_never_taken_for_an_unfinished_save(tmp_
     node_copy(a, 6, run_id, "complete")
     damaged = node_copy(b, 6, run_id, "complete")
     (damaged / "rng_state_1.pth").unlink()
-    found = ckpt.combine(a, seen(a, b))
+    found = folders.combine(a, seen(a, b))
     assert [(f.path.name, f.kind) for f in found] == [("checkpoint-4", "foreign"), ("checkpoint-6", "damaged")]
     assert found[1].why.startswith("on some node: marked complete, but rng_state_1.pth is missing")
-    plan = ckpt.plan_resume(a, "auto", world_size=2, found=found)
+    plan = folders.plan_resume(a, "auto", world_size=2, found=found)
     assert plan.target is None and plan.delete == [] and len(plan.skipped) == 2
 
 
@@ -448,7 +449,7 @@ def test_keep_last_n_on_a_node_counts_only_the_checkpoints_complete_on_every_nod
     run_id = ckpt.claim_output_dir(tmp_path)
     for step in (2, 4, 6):
         node_copy(tmp_path, step, run_id, "complete")
-    assert steps(ckpt.rotate(tmp_path, keep=1, everywhere={2, 6})) == [2]  # 4 is complete here only: not counted
+    assert steps(folders.rotate(tmp_path, keep=1, everywhere={2, 6})) == [2]  # 4 is complete here only: not counted
     assert steps(ckpt.complete_checkpoints(tmp_path)) == [4, 6]
 
 

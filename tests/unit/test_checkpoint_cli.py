@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.lifecycle import is_complete, write_marker
 from hf_zero3.cli import build_parser
@@ -279,7 +280,7 @@ def test_export_takes_the_folder_a_path_names_and_never_one_inside_the_checkpoin
     else:
         (tmp_path / "link").symlink_to(target)
         out = export_checkpoint(folder, tmp_path / "link")
-    assert out == target and (target / "model.safetensors").is_file() and ckpt.verify_weights(target, folder) == []
+    assert out == target and (target / "model.safetensors").is_file() and contents.verify_weights(target, folder) == []
 
 
 def test_an_adapter_folder_pushes_its_adapter_and_leaves_the_repo_s_model_weights(hub, tmp_path):

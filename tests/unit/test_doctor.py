@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from packaging.requirements import Requirement
 
-from hf_zero3.ops import doctor
+from hf_zero3.ops import deepspeed_ops, doctor
 from hf_zero3.ops.allreduce import bus_bandwidth
 from tests.conftest import ROOT
 
@@ -81,10 +81,10 @@ def _config(name: str) -> dict:
 
 
 def test_ops_needed_by_the_shipped_configs():
-    assert doctor.needed_ops(_config("zero3.json")) == {}  # HF creates a torch optimizer
-    assert set(doctor.needed_ops(_config("zero3_offload_optimizer.json"))) == {"cpu_adam"}
-    assert set(doctor.needed_ops(_config("zero3_offload_all.json"))) == {"cpu_adam"}
-    nvme = doctor.needed_ops(_config("zero3_nvme.json"))
+    assert deepspeed_ops.needed_ops(_config("zero3.json")) == {}  # HF creates a torch optimizer
+    assert set(deepspeed_ops.needed_ops(_config("zero3_offload_optimizer.json"))) == {"cpu_adam"}
+    assert set(deepspeed_ops.needed_ops(_config("zero3_offload_all.json"))) == {"cpu_adam"}
+    nvme = deepspeed_ops.needed_ops(_config("zero3_nvme.json"))
     assert set(nvme) == {"cpu_adam", "async_io"}
     assert nvme["async_io"] == "offload_optimizer and offload_param to nvme"
     assert doctor.nvme_paths(_config("zero3_nvme.json")) == ["/local_nvme"]
@@ -100,7 +100,7 @@ def test_ops_needed_by_the_shipped_configs():
     ({"zero_optimization": {"offload_optimizer": {"device": "none"}}}, set()),
 ])
 def test_ops_follow_the_engines_optimizer_choice(config, ops):
-    assert set(doctor.needed_ops(config)) == ops
+    assert set(deepspeed_ops.needed_ops(config)) == ops
 
 
 def test_nvme_probe_writes_reads_and_cleans_up(tmp_path):
@@ -156,9 +156,9 @@ def test_allreduce_launch_command_is_the_training_launcher():
 def test_arch_list_deepspeed_cannot_parse_is_named_with_a_fix(monkeypatch):
     """Seen on an H200 image: TORCH_CUDA_ARCH_LIST=9.0a makes every CUDA op's JIT build raise int('0a')."""
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a;8.0")
-    assert doctor._arch_list_problem().endswith('export TORCH_CUDA_ARCH_LIST="8.0;9.0" before training')
+    assert deepspeed_ops._arch_list_problem().endswith('export TORCH_CUDA_ARCH_LIST="8.0;9.0" before training')
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0+PTX")
-    assert doctor._arch_list_problem() is None
+    assert deepspeed_ops._arch_list_problem() is None
 
 
 def test_ssh_call_is_deepspeeds_pdsh_call(monkeypatch):

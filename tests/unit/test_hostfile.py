@@ -7,7 +7,7 @@ from deepspeed.launcher.runner import fetch_hostfile
 
 from hf_zero3.ops import doctor
 from hf_zero3.run import hostfile
-from hf_zero3.run.launch import LaunchError, Target, resolve
+from hf_zero3.run.launch_command import LaunchError, Target, resolve
 from tests.conftest import ROOT
 
 REFUSED = "refused"

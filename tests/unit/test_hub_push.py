@@ -15,6 +15,7 @@ import torch
 import hf_zero3.checkpoint.export
 import hf_zero3.checkpoint.hub
 from hf_zero3.callbacks.hub_push import STAGING_OWNER, STAGING_PREFIX, HubPushCallback, snapshot_checkpoint
+from hf_zero3.checkpoint import contents, folders
 from hf_zero3.checkpoint import lifecycle as ckpt
 from tests.conftest import make_checkpoint, master_weights
 
@@ -91,7 +92,7 @@ def test_a_snapshot_keeps_identical_bytes_after_the_checkpoint_is_deleted(tmp_pa
     assert (folder / model).stat().st_nlink == 2
     ckpt.remove_checkpoint(folder)  # what keep-last-N does
     assert not folder.exists()
-    assert _files(snap) == before and ckpt.is_complete(snap) and ckpt.verify_checkpoint(snap) == []
+    assert _files(snap) == before and ckpt.is_complete(snap) and contents.verify_checkpoint(snap) == []
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run")] == []  # never counted as a checkpoint
 
 
@@ -108,7 +109,7 @@ def test_on_save_returns_while_the_export_runs_in_a_thread_and_rotation_cannot_t
     source = held_export["sources"][0]
     assert source.parent.parent.parent in _staging(out) and source != out / "checkpoint-2"
     make_checkpoint(out, 4)
-    assert [p.name for p in ckpt.rotate(out, keep=1)] == ["checkpoint-2"]  # rotated away mid-export
+    assert [p.name for p in folders.rotate(out, keep=1)] == ["checkpoint-2"]  # rotated away mid-export
     held_export["release"].set()
     push.on_train_end(args, state, control)
     push.wait()

@@ -7,16 +7,8 @@ import stat
 
 import pytest
 
-from hf_zero3.run.launch import (
-    MULTI_NODE_PORT,
-    LaunchError,
-    Target,
-    forwarded_env,
-    main,
-    resolve,
-    write_deepspeed_env,
-    write_hostfile,
-)
+from hf_zero3.run.launch import forwarded_env, main, write_deepspeed_env, write_hostfile
+from hf_zero3.run.launch_command import MULTI_NODE_PORT, LaunchError, Target, resolve
 from tests.conftest import ROOT, plan_line
 
 R70 = ROOT / "recipes" / "70b"

@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.run import lora
 from tests.conftest import ROOT
@@ -94,7 +95,7 @@ def test_the_saved_keys_are_the_parameter_names_by_peft_s_own_rule():
     from peft import get_peft_model_state_dict
 
     model = small_peft_model()
-    trained = {ckpt.adapter_key(n) for n, p in model.named_parameters() if p.requires_grad}
+    trained = {contents.adapter_key(n) for n, p in model.named_parameters() if p.requires_grad}
     assert trained == set(get_peft_model_state_dict(model)) and len(trained) == 2 * 7
 
 
@@ -104,8 +105,8 @@ def test_a_saved_adapter_passes_against_the_trained_norms(saved):
     model, folder = saved
     expected = trained_adapter(model)
     assert len(expected) == 14 and all(norm > 0 for _, norm in expected.values())
-    assert verify_on_all_ranks(model, folder) == [] and ckpt.verify_adapter(folder) == []
-    assert ckpt.holds_adapter(folder) and ckpt.verify_weights(folder) == []
+    assert verify_on_all_ranks(model, folder) == [] and contents.verify_adapter(folder) == []
+    assert contents.holds_adapter(folder) and contents.verify_weights(folder) == []
 
 
 def test_placeholders_zeros_and_other_values_are_refused(saved):
@@ -115,7 +116,7 @@ def test_placeholders_zeros_and_other_values_are_refused(saved):
 
     model, folder = saved
     expected = trained_adapter(model)
-    good = ckpt.adapter_tensors(folder)
+    good = contents.adapter_tensors(folder)
     a, b = sorted(k for k in good if ".q_proj." in k)
     cases = {"placeholder": {**good, a: torch.empty(0)},  # what a ZeRO-3 module's own state dict holds
              "zeros": {**good, a: torch.zeros_like(good[a])},
@@ -123,15 +124,15 @@ def test_placeholders_zeros_and_other_values_are_refused(saved):
              "missing": {k: v for k, v in good.items() if k != b}}
     found = {}
     for case, tensors in cases.items():
-        save_file(tensors, str(folder / ckpt.ADAPTER_WEIGHTS))
-        found[case] = ckpt.verify_adapter(folder, expected)
+        save_file(tensors, str(folder / contents.ADAPTER_WEIGHTS))
+        found[case] = contents.verify_adapter(folder, expected)
     assert found["placeholder"][0] == f"{a}: saved with shape (0,) (no values)"
     assert f"{a}: saved as zeros, but the trained tensor's norm is" in found["zeros"][0]
     assert found["other"] == [f"{b}: norm {2 * expected[b][1]:.6g} saved, {expected[b][1]:.6g} trained"]
     assert found["missing"] == [f"1 trained adapter tensor(s) missing from adapter_model.safetensors, e.g. {b}"]
-    save_file({**good, a: torch.zeros_like(good[a])}, str(folder / ckpt.ADAPTER_WEIGHTS))  # without the norms
+    save_file({**good, a: torch.zeros_like(good[a])}, str(folder / contents.ADAPTER_WEIGHTS))  # without the norms
     zeroed = f"{a}: all zeros (peft initialises lora_A at random and training never zeroes it)"
-    assert ckpt.verify_adapter(folder) == [zeroed]
+    assert contents.verify_adapter(folder) == [zeroed]
 
 
 def test_a_b_that_is_still_zero_passes_where_the_trained_one_is_zero_too(tmp_path):
@@ -143,7 +144,7 @@ def test_a_b_that_is_still_zero_passes_where_the_trained_one_is_zero_too(tmp_pat
             if "lora_B" in name:
                 p.zero_()  # peft's start, kept by a first step at learning rate 0 (warm-up)
     model.save_pretrained(tmp_path)
-    assert ckpt.verify_adapter(tmp_path, trained_adapter(model)) == []
+    assert contents.verify_adapter(tmp_path, trained_adapter(model)) == []
 
 
 def test_the_adapter_card_names_the_base_and_the_lora_settings(saved):

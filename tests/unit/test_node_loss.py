@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_zero3.run.launch import LaunchError, Target, resolve
+from hf_zero3.run.launch_command import LaunchError, Target, resolve
 from hf_zero3.run.node_loss import (
     PEER_LOST_EXIT,
     NodeWatch,

@@ -15,7 +15,7 @@ from hf_zero3 import recipes
 from hf_zero3.checkpoint.lifecycle import DEFAULT_SAVE_STEPS, DEFAULT_SAVE_TOTAL_LIMIT
 from hf_zero3.config.build import build_ds_config, training_args_overrides
 from hf_zero3.config.presets import RECIPE_CONFIGS, render
-from hf_zero3.run.launch import Target
+from hf_zero3.run.launch_command import Target
 from tests.conftest import ROOT
 
 RECIPES_DIR = ROOT / "recipes"

@@ -427,6 +427,28 @@ def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps
     assert ckpt.complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-10"]
 
 
+def test_a_run_past_max_steps_with_a_corrupted_newer_checkpoint_finishes_from_the_good_one(tmp_path):
+    """resume auto skips checkpoint-20 (a checksum differs); checkpoint-10 is at max_steps, so the run is finished
+    from it (its model copied into output_dir) and 20 stays for the user."""
+    from transformers import TrainingArguments
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from hf_zero3.run.start import FINISHED, start_point
+    from tests.conftest import make_checkpoint
+
+    ckpt.claim_output_dir(tmp_path)
+    make_checkpoint(tmp_path, 10, world_size=1)
+    bad = make_checkpoint(tmp_path, 20, world_size=1)
+    shard = bad / "global_step20/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with shard.open("r+b") as f:
+        f.seek(shard.stat().st_size // 2)
+        f.write(bytes(64))
+    args = TrainingArguments(output_dir=str(tmp_path), resume_from_checkpoint="auto", max_steps=10,
+                             save_strategy="steps", save_steps=5, report_to=[])
+    assert start_point(args) == FINISHED
+    assert ckpt.read_finished(tmp_path)["global_step"] == 10 and bad.is_dir()
+
+
 def test_a_run_that_stopped_on_bad_input_does_not_lock_its_output_dir(capsys, tmp_path):
     """The first run fails after it claimed output_dir (a bad config_overrides key); the fixed command starts."""
     out = tmp_path / "o"
