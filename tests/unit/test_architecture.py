@@ -233,12 +233,6 @@ def test_the_memory_model_is_pure_arithmetic(name):
 
 
 MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 500
-LONG_FUNCTIONS_BEING_SPLIT = {
-    "hf_zero3/run/train.py:run", "hf_zero3/run/preemption.py:run_forwarding",
-}
-"""Functions over the limit that are being split into named steps now; the list only shrinks."""
-LONG_MODULES_BEING_SPLIT: set[str] = set()
-"""Modules over the limit, to be split by job; the list only shrinks."""
 
 
 def lengths() -> tuple[dict[str, int], dict[str, int]]:
@@ -256,11 +250,11 @@ def lengths() -> tuple[dict[str, int], dict[str, int]]:
 
 def test_functions_and_modules_stay_short():
     """A function over 60 lines is split into named steps, a module over 500 by its jobs (ENGINEERING.md), when the
-    step that makes it too long lands. The allow-lists name what is being split now; take an entry off once it fits."""
+    step that makes it too long lands."""
     functions, files = lengths()
     long = [f"{k}: {n} lines" for k, n in sorted(functions.items())
-            if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT]
+            if n > MAX_FUNCTION_LINES]
     long += [f"{k}: {n} lines" for k, n in sorted(files.items())
-             if n > MAX_MODULE_LINES and k not in LONG_MODULES_BEING_SPLIT]
+             if n > MAX_MODULE_LINES]
     assert not long, (f"over {MAX_FUNCTION_LINES} lines a function, {MAX_MODULE_LINES} a module: split it into "
                       "named steps (or by job):\n" + "\n".join(long))
