@@ -37,15 +37,6 @@ def has_generation_markers(template: str) -> bool:
     return bool(_GENERATION.search(template))
 
 
-def _common_prefix_text(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) -> str:
     """The template to render with: the user's (a .jinja file or the template text), else the tokenizer's own."""
     if chat_template:
@@ -130,7 +121,7 @@ class Tokenizer:
             before = self.render(messages[:i], tools, add_generation_prompt=True)
         else:  # the preamble a template puts first (a default system prompt, a date) is not the assistant's
             probe = {**messages[i], "content": _PROBE + (messages[i].get("content") or "")}
-            before = through[:_common_prefix_text(self.render([probe], tools), through)]
+            before = through[:_common_prefix(self.render([probe], tools), through)]
         if not through.startswith(before):
             raise NotPrefixError(f"turn {i} renders differently once later turns follow")
         return len(before), max(len(before), len(through.rstrip()))
@@ -205,7 +196,8 @@ class NotPrefixError(DataError):
     (`Tokenizer.chat_examples` then trains one example per assistant turn)."""
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a, b) -> int:
+    """How many leading items (tokens, or characters) two sequences share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

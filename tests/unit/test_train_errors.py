@@ -404,13 +404,9 @@ def test_finishing_from_a_checkpoint_copies_its_files_so_later_writes_leave_it_w
     assert ckpt.verify_complete(folder) == [] and ckpt.is_complete(folder)
 
 
-def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps_it(tmp_path):
-    """resume auto skips checkpoint-20 (a checksum differs) and resumes from 10; the run goes on, so 20 is recorded
-    as damaged: the new checkpoints (14, 21, 28) then count for keep-last-N, and 20 is never deleted."""
-    from transformers import TrainingArguments
-
+def _good_10_and_corrupted_20(tmp_path):
+    """checkpoint-10 complete, checkpoint-20 with a shard whose checksum no longer matches; returns checkpoint-20."""
     from hf_zero3.checkpoint import lifecycle as ckpt
-    from hf_zero3.run.start import start_point
     from tests.conftest import make_checkpoint
 
     ckpt.claim_output_dir(tmp_path)
@@ -420,6 +416,17 @@ def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps
     with shard.open("r+b") as f:
         f.seek(shard.stat().st_size // 2)
         f.write(bytes(64))
+    return bad
+
+
+def test_resuming_past_a_corrupted_checkpoint_records_it_so_rotation_never_keeps_it(tmp_path):
+    """resume auto skips checkpoint-20 (a checksum differs) and resumes from 10; the run goes on, so 20 is recorded
+    as damaged: the new checkpoints (14, 21, 28) then count for keep-last-N, and 20 is never deleted."""
+    from transformers import TrainingArguments
+
+    from hf_zero3.checkpoint import lifecycle as ckpt
+    from hf_zero3.run.start import start_point
+    bad = _good_10_and_corrupted_20(tmp_path)
     args = TrainingArguments(output_dir=str(tmp_path), resume_from_checkpoint="auto", max_steps=30,
                              save_strategy="steps", save_steps=7, report_to=[])
     assert start_point(args) == str(tmp_path / "checkpoint-10")
@@ -434,15 +441,7 @@ def test_a_run_past_max_steps_with_a_corrupted_newer_checkpoint_finishes_from_th
 
     from hf_zero3.checkpoint import lifecycle as ckpt
     from hf_zero3.run.start import FINISHED, start_point
-    from tests.conftest import make_checkpoint
-
-    ckpt.claim_output_dir(tmp_path)
-    make_checkpoint(tmp_path, 10, world_size=1)
-    bad = make_checkpoint(tmp_path, 20, world_size=1)
-    shard = bad / "global_step20/zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    with shard.open("r+b") as f:
-        f.seek(shard.stat().st_size // 2)
-        f.write(bytes(64))
+    bad = _good_10_and_corrupted_20(tmp_path)
     args = TrainingArguments(output_dir=str(tmp_path), resume_from_checkpoint="auto", max_steps=10,
                              save_strategy="steps", save_steps=5, report_to=[])
     assert start_point(args) == FINISHED
