@@ -123,12 +123,12 @@ class TrainingArguments(transformers.TrainingArguments):
                                      "(DeepSpeed's, through the stock ParallelismConfig); the data-parallel size is "
                                      "world size / this. Needs a ds_config. See docs/long-sequences.md."})
     tiled_compute: bool = field(
-        default=False, metadata={"help": "Long sequences: the MLPs and the logits+loss computed in tiles along the "
-                                         "sequence (DeepSpeed's TiledMLP and TiledFusedLogitsLoss), the full "
-                                         "activation and logits never held at once. See docs/long-sequences.md."})
+        default=False, metadata={"help": "Long sequences: the decoder MLPs computed in tiles along the sequence "
+                                         "(DeepSpeed's sequence_tiled_compute), the full intermediate activation "
+                                         "never held at once; the logits+loss are TRL's fused LM head's tiles "
+                                         "already. See docs/long-sequences.md."})
     tiled_compute_tokens: int | None = field(
-        default=None, metadata={"help": "With tiled_compute: tokens per tile. Default: the hidden size for the MLPs, "
-                                        "at most 1 GiB of fp32 logits for the loss."})
+        default=None, metadata={"help": "With tiled_compute: tokens per MLP tile. Default: the hidden size."})
     hub_license: str | None = field(
         default=None, metadata={"help": "License in the model card of exports and Hub pushes, e.g. apache-2.0 or "
                                         "llama3.1 (the base model's); default: other."})

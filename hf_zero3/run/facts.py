@@ -58,7 +58,7 @@ class RunFacts:
     sequence_parallel: int = 1
     """`sequence_parallel_size`: ranks that share each sequence (Ulysses); the data-parallel size is world / this."""
     tiled_compute: bool = False
-    """`tiled_compute`: the MLPs and the logits+loss in tiles along the sequence."""
+    """`tiled_compute`: the decoder MLPs in tiles along the sequence."""
 
     def checkpointing(self, activation_offload: bool) -> dict[str, Any]:
         """The spec fields for this run's checkpointing (`ZeroSpec`); with activation offload the planner models

@@ -19,7 +19,7 @@ STEPS = 6
 COMMON = ["--max_steps", str(STEPS), "--logging_steps", "1", "--save_steps", "100", "--validation_file", "null",
           "--learning_rate", "1.0e-3", "--warmup_steps", "2", "--attn_implementation", "sdpa"]
 CHAT = ["--train_file", ROOT / "assets/tiny/chat/train.jsonl", "--block_size", "256"]
-LORA = ["--peft", json.dumps({"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"})]
+LORA = ["--peft", json.dumps({"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "all-linear"})]
 EXTRA = {"text": [], "packed_chat": CHAT, "lora": LORA}
 TILED = ["--tiled_compute", "true", "--tiled_compute_tokens", "48"]
 """The packed chat run also tiles (each rank's 128 tokens: 3 MLP and loss tiles, the last one short): tiling on

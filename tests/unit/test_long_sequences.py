@@ -1,5 +1,5 @@
 """Long sequences, one process: tiled compute trains the same loss and gradients as the untiled model (full and
-LoRA); the sequence-parallel checks name the field and the fix; the collator hands the sequence-sharding loader
+LoRA, and through TRL's fused LM head); the sequence-parallel checks name the field and the fix; the collator hands the sequence-sharding loader
 what it needs; the packed mask keeps examples apart."""
 
 from __future__ import annotations
@@ -47,13 +47,24 @@ def test_tiled_compute_gives_the_untiled_loss_and_gradients(lora):
     assert max((grads[k] - tiled_grads[k]).abs().max().item() for k in grads) < 1e-6
 
 
-def test_tiled_loss_takes_the_trainers_token_count_and_leaves_evaluation_alone():
+def test_tiling_keeps_trls_fused_lm_head_its_token_count_and_evaluation():
+    """The trainers compute the loss through TRL's fused LM head (already tiled): tiling the MLPs leaves it in
+    place, with the trainer's token count, and leaves evaluation alone."""
+    from trl.trainer.utils import add_fused_lm_head
+
     plain, tiled = _tiny(), _tiny()
+    for model in (plain, tiled):
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     tiled_compute.enable(tiled, tile_tokens=16)
     ids = torch.randint(0, 1000, (1, 64))
     for count in (None, torch.tensor(200)):  # num_items_in_batch: the tokens of the whole accumulated batch
-        extra = {} if count is None else {"num_items_in_batch": count}
-        assert abs(_loss_and_grads(plain, ids, ids, **extra)[0] - _loss_and_grads(tiled, ids, ids, **extra)[0]) < 1e-5
+        extra = {"fused_lm_head": True, **({} if count is None else {"num_items_in_batch": count})}
+        loss, grads = _loss_and_grads(plain, ids, ids, **extra)
+        tiled_loss, tiled_grads = _loss_and_grads(tiled, ids, ids, **extra)
+        assert abs(loss - tiled_loss) < 1e-5
+        assert max((grads[k] - tiled_grads[k]).abs().max().item() for k in grads) < 1e-6
+        plain.zero_grad(), tiled.zero_grad()
+    assert tiled(input_ids=ids, labels=ids, fused_lm_head=True).label_mask.sum() == 63  # what the trainer logs by
     assert "position_ids" in inspect.signature(tiled.forward).parameters  # the Trainer keeps the columns it names
     tiled.eval()
     with torch.no_grad():
