@@ -14,9 +14,9 @@ from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
 from hf_zero3.run import lora, model_checks, resume_checks, sequence_parallel
-from hf_zero3.run.arguments import TrainingArguments, UsageError
-from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
-from hf_zero3.run.preemption import DEFAULT_SIGNALS, parse_signals
+from hf_zero3.job.arguments import TrainingArguments, UsageError
+from hf_zero3.job.distributed import is_world_process_zero, launched_world_size
+from hf_zero3.job.preemption import DEFAULT_SIGNALS, parse_signals
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")

@@ -46,7 +46,7 @@ from hf_zero3.run import (
     sequence_parallel,
     tiled_compute,
 )
-from hf_zero3.run.arguments import (
+from hf_zero3.job.arguments import (
     ArgumentParser,
     ModelArguments,
     TrainingArguments,
@@ -54,7 +54,7 @@ from hf_zero3.run.arguments import (
     load_arguments,
 )
 from hf_zero3.run.checks import check_inputs, training_values
-from hf_zero3.run.distributed import (
+from hf_zero3.job.distributed import (
     LaunchError,
     cuda_available,
     is_world_process_zero,
@@ -62,11 +62,11 @@ from hf_zero3.run.distributed import (
     process_group_released,
     release_engine,
 )
-from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.job.facts import RunFacts, activation_offload_of, ds_config_of
 from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
-from hf_zero3.run.preemption import PREEMPTED_EXIT
+from hf_zero3.job.preemption import PREEMPTED_EXIT
 from hf_zero3.run.stages import stage_of
 from hf_zero3.run.start import FINISHED, claim, start_point
 

@@ -13,7 +13,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, error_naming, explain, losses, run
 
 pytestmark = pytest.mark.integration

@@ -90,7 +90,7 @@ def test_the_decoder_is_the_base_model(tiny):
 
 
 def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true_and_the_argument_is_unset():
-    from hf_zero3.run.facts import activation_offload_of
+    from hf_zero3.job.facts import activation_offload_of
 
     asks = {"activation_checkpointing": {"cpu_checkpointing": True}}
     assert activation_offload_of(None, asks) and not activation_offload_of(False, asks)
@@ -100,7 +100,7 @@ def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true_and_the_
 
 
 def test_train_switches_it_on_from_the_training_argument(tiny, tmp_path, capsys):
-    from hf_zero3.run.arguments import TrainingArguments
+    from hf_zero3.job.arguments import TrainingArguments
     from hf_zero3.run.train import _maybe_offload_activations
 
     m = copy.deepcopy(tiny)

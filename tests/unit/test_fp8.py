@@ -128,6 +128,6 @@ def test_fp8_on_a_cpu_or_off_needs_nothing_more():
 
 
 def test_importing_the_trainer_with_torchao_installed_prints_nothing_of_torchao():
-    done = run([sys.executable, "-c", "import hf_zero3.run.arguments, torchao.float8"])
+    done = run([sys.executable, "-c", "import hf_zero3.job.arguments, torchao.float8"])
     assert done.returncode == 0, explain(done)
     assert "torchao" not in done.stderr and "Enum subclass" not in done.stderr, done.stderr

@@ -221,7 +221,7 @@ def test_the_oom_advice_of_a_lora_run_reads_the_config_accelerate_rewrote_and_pl
     import torch.distributed as dist
     from transformers import AutoConfig, TrainingArguments
 
-    from hf_zero3.run.facts import RunFacts, ds_config_of
+    from hf_zero3.job.facts import RunFacts, ds_config_of
     from hf_zero3.run.oom import oom_advice_for_run
 
     rows = [json.loads(line) for line in (ROOT / REPORT).with_name("lora_bench.jsonl").read_text().splitlines()]

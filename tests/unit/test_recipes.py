@@ -46,7 +46,7 @@ def test_train_args_parse_strictly_and_need_no_string_coercion(recipe):
     from transformers import HfArgumentParser
 
     from hf_zero3.data.arguments import DataArguments
-    from hf_zero3.run.arguments import ModelArguments, TrainingArguments, load_arguments
+    from hf_zero3.job.arguments import ModelArguments, TrainingArguments, load_arguments
 
     raw = yaml.safe_load((recipe / "train_args.yaml").read_text())
     values = load_arguments([str(recipe / "train_args.yaml")])  # unknown keys raise

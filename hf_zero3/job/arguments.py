@@ -21,7 +21,7 @@ import transformers
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.parsing import ParseError, parse_value, parse_yaml
-from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
+from hf_zero3.job.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
 
 
 class UsageError(ValueError):
@@ -117,7 +117,7 @@ class TrainingArguments(transformers.TrainingArguments):
         default=DEFAULT_SIGNALS, metadata={"help": "Comma-separated signals a scheduler sends before it kills the job "
                                                    "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
                                                    "a checkpoint is saved and the run exits with code "
-                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
+                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/job/preemption.py."})
     sequence_parallel_size: int = field(
         default=1, metadata={"help": "Ulysses sequence parallelism: each sequence split over this many ranks "
                                      "(DeepSpeed's, through the stock ParallelismConfig); the data-parallel size is "
