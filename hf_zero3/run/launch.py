@@ -36,7 +36,8 @@ from hf_zero3.plan.report import print_choice
 from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
 from hf_zero3.plan.types import PlanError, Training
 from hf_zero3.job import preemption
-from hf_zero3.run import lora, node_loss
+from hf_zero3.model import lora
+from hf_zero3.run import node_loss
 from hf_zero3.job.distributed import LaunchError, cuda_available
 from hf_zero3.job.facts import RunFacts
 from hf_zero3.run.hostfile import write_hostfile

@@ -1,8 +1,8 @@
 """After an out-of-memory error: the planner's next step for this run on this machine, as exact overrides.
 
 The adapter between a running Trainer (its TrainingArguments, the model config) and the pure memory model: the run
-is described by its facts (`run.facts`, the same ZeroSpec the launcher's dry run plans), the machine by
-`plan.hardware` and the launcher's environment (`run.distributed`).
+is described by its facts (`job.facts`, the same ZeroSpec the launcher's dry run plans), the machine by
+`plan.hardware` and the launcher's environment (`job.distributed`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("hf_zero3.run",),),
     (("hf_zero3.callbacks",),),
     (("hf_zero3.checkpoint",),),
+    (("hf_zero3.model",),),
     (("hf_zero3.job",),),
     (("hf_zero3.plan",),),
     (("hf_zero3.config",), ("hf_zero3.data",)),
@@ -36,7 +37,8 @@ belongs to the longest name listed that is it or a package above it; an `__init_
 module only."""
 
 LAYER_NAMES = ("the face: `hf-zero3 <verb>`, `python -m hf_zero3.train`", "operations beside the flow",
-               "one run: train, launch, OOM advice", "callbacks", "checkpoints", "what a run is",
+               "one run: train, launch, OOM advice", "callbacks", "checkpoints",
+               "model preparation: adapter, leaf modules, FP8, compile, offload", "what a run is",
                "the planner", "configs; the user's data (peers)", "base: units, argument types, the recipe registry")
 
 
@@ -227,7 +229,7 @@ def test_every_module_and_folder_the_doc_names_exists():
 def test_every_package_folder_is_in_the_doc():
     text = DOC.read_text()
     folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert set(folders) >= {"callbacks", "checkpoint", "cli", "config", "data", "ops", "plan", "run"}
+    assert set(folders) >= {"callbacks", "checkpoint", "cli", "config", "data", "job", "model", "ops", "plan", "run"}
     assert all(f"`hf_zero3/{name}/`" in text for name in folders), folders
 
 

@@ -1,4 +1,4 @@
-"""`fp8: true` (hf_zero3/run/fp8.py): which linears become torchao's Float8Linear, that names and weights stay as
+"""`fp8: true` (hf_zero3/model/fp8.py): which linears become torchao's Float8Linear, that names and weights stay as
 checkpoints know them, what a converted layer keeps for backward (why regional_compile is required), and the
 arguments refused before anything starts. The 2-rank ZeRO-3 run is in tests/integration/test_regional_compile.py."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_zero3.run import fp8
+from hf_zero3.model import fp8
 from tests.conftest import ROOT, explain, run
 
 

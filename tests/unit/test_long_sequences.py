@@ -10,7 +10,8 @@ import inspect
 import pytest
 import torch
 
-from hf_zero3.run import sequence_parallel, tiled_compute
+from hf_zero3.model import tiled_compute
+from hf_zero3.run import sequence_parallel
 from tests.conftest import ROOT, error_naming
 from tests.unit.test_lora import small_peft_model
 

@@ -10,7 +10,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run import lora
+from hf_zero3.model import lora
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "assets/tiny/model")

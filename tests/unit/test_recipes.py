@@ -189,7 +189,7 @@ def _plans(recipe: Path, hardware=None):
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
     from hf_zero3.plan.types import Hardware, Training
-    from hf_zero3.run.lora import planned as planned_adapter
+    from hf_zero3.model.lora import planned as planned_adapter
 
     target = _target(recipe)
     if target.gpu_mem is None:

@@ -742,7 +742,7 @@ def test_regional_compile_refuses_whole_model_compile_and_an_unknown_backend(cap
 def test_regional_compile_needs_decoder_layers():
     import torch
 
-    from hf_zero3.run.regional_compile import enable
+    from hf_zero3.model.regional_compile import enable
 
     with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
         enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
@@ -758,8 +758,8 @@ def test_fp8_without_regional_compile_is_refused_before_anything_starts(capsys, 
 def test_liger_with_compiled_layers_stays_out_of_them_unless_its_config_says_otherwise():
     from types import SimpleNamespace
 
-    from hf_zero3.run.regional_compile import LIGER_OUTSIDE_LAYERS
-    from hf_zero3.run.train import _liger_outside_compiled_layers
+    from hf_zero3.model.prepare import _liger_outside_compiled_layers
+    from hf_zero3.model.regional_compile import LIGER_OUTSIDE_LAYERS
 
     args = SimpleNamespace(regional_compile=True, use_liger_kernel=True, liger_kernel_config=None)
     _liger_outside_compiled_layers(args)
