@@ -1,7 +1,7 @@
 """Activation offload on a real ZeRO-3 engine, one mode per process (run by gpu_activation_offload.sh).
 
 One process (all ranks) builds the model once the way `hf-zero3 train` does (zero.Init through HfDeepSpeedConfig,
-bf16, sdpa, Liger, non-reentrant gradient checkpointing), with `hf_zero3.run.activation_offload.enable` or without,
+bf16, sdpa, Liger, non-reentrant gradient checkpointing), with `hf_zero3.model.activation_offload.enable` or without,
 and then:
   1. measures each `--seqs` length for `--steps` optimizer steps (micro batch 1, random tokens): per step the time;
      what the decoder leaves allocated on the GPU when its forward ends (its saved activations: what offload
@@ -63,7 +63,7 @@ def main() -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
-    from hf_zero3.run import activation_offload
+    from hf_zero3.model import activation_offload
 
     cuda = torch.cuda.is_available()  # CPU: a plumbing check of this script with a tiny model (gloo)
     deepspeed.init_distributed(dist_backend=None if cuda else "gloo")

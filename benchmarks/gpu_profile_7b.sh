@@ -32,7 +32,7 @@ model=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["model"])' "
 seq=$([ "${DRY:-0}" = 1 ] && echo 128 || echo 4096)
 trace=()
 [ "${TRACE:-0}" = 1 ] && trace=(--profile-trace "$out/trace_7b${name}.json.gz")
-port=$(python3 -c 'from hf_zero3.run.distributed import free_port; print(free_port())')
+port=$(python3 -c 'from hf_zero3.job.distributed import free_port; print(free_port())')
 timeout -s TERM -k 30 "${TIMEOUT_S:-480}" deepspeed --num_gpus 1 --master_port "$port" benchmarks/step_profile.py \
   --profile-out "$out/profile_7b${name}.txt" --profile-step "${PROFILE_STEP:-3}" "${trace[@]}" \
   "$recipe/train_args.yaml" --deepspeed "$recipe/ds_config.json" --model_name_or_path null --config_name "$model" \

@@ -112,7 +112,7 @@ def step_timer(path: Path, tokens_per_step: int, warmup: int):
 
 
 def run_ours(spec: dict) -> int:
-    from hf_zero3.run.distributed import exit_process
+    from hf_zero3.job.distributed import exit_process
     from hf_zero3.train import main
 
     timer = step_timer(Path(spec["result"]), spec["tokens_per_step"], spec["warmup"])
@@ -228,7 +228,7 @@ def ours_argv(args, work: Path, name: str, ds_path: Path, overrides: dict, lora:
 
 def launch(spec_path: Path, log: Path, timeout: int, deepspeed: bool = True) -> int:
     """One variant's process: under DeepSpeed's launcher, or plain python for the run without DeepSpeed."""
-    from hf_zero3.run.distributed import free_port
+    from hf_zero3.job.distributed import free_port
 
     cmd = ["deepspeed", "--num_gpus", "1", "--master_port", str(free_port())] if deepspeed else [sys.executable]
     cmd += [__file__, "_run", str(spec_path)]

@@ -196,6 +196,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
+    from hf_zero3.job.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
 
     exit_process(main(sys.argv[1:]))

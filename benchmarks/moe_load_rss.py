@@ -89,7 +89,7 @@ def main() -> int:
     from hf_zero3.plan.memory import plan
     from hf_zero3.plan.shapes import shape_from_config
     from hf_zero3.plan.types import Hardware, Training
-    from hf_zero3.run.distributed import free_port
+    from hf_zero3.job.distributed import free_port
 
     args.out.mkdir(parents=True, exist_ok=True)
     config = Qwen3MoeConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,

@@ -38,7 +38,7 @@ from hf_zero3.plan.memory import plan
 from hf_zero3.plan.shapes import load_shape, with_changes  # noqa: E402
 from hf_zero3.plan.types import Hardware, Training
 from hf_zero3.recipes import get as get_recipe  # noqa: E402
-from hf_zero3.run.arguments import load_arguments  # noqa: E402
+from hf_zero3.job.arguments import load_arguments  # noqa: E402
 from hf_zero3.units import current_names  # noqa: E402
 
 GiB = 1024**3

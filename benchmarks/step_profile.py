@@ -167,7 +167,7 @@ def _take(argv: list[str], flag: str, default: str | None = None) -> str | None:
 
 
 if __name__ == "__main__":
-    from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
+    from hf_zero3.job.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
     from hf_zero3.train import main
 
     argv = sys.argv[1:]

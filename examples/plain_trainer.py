@@ -28,7 +28,7 @@ def main():
     if not torch.cuda.is_available():  # CPU: DeepSpeed must see the gloo world before TrainingArguments
         import deepspeed
 
-        from hf_zero3.run.distributed import release_shm_buffer_names
+        from hf_zero3.job.distributed import release_shm_buffer_names
         deepspeed.init_distributed(dist_backend="gloo")
         release_shm_buffer_names()  # DeepSpeed's CPU all-reduce would leave its buffers in /dev/shm
     script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()

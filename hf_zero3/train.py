@@ -3,7 +3,7 @@
 The run itself is `hf_zero3.run.train`; `hf-zero3 train` is the same.
 """
 
-from hf_zero3.run.distributed import exit_process
+from hf_zero3.job.distributed import exit_process
 from hf_zero3.run.train import main
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_YAML = ROOT / "recipes" / "tiny" / "train_args.yaml"

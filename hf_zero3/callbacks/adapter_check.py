@@ -8,7 +8,7 @@ from transformers import TrainerCallback
 
 from hf_zero3.checkpoint.contents import adapter_key, verify_adapter
 from hf_zero3.checkpoint.lifecycle import CheckpointError, checkpoint_dir
-from hf_zero3.run.distributed import gather_from_ranks
+from hf_zero3.job.distributed import gather_from_ranks
 
 
 class AdapterCheckCallback(TrainerCallback):

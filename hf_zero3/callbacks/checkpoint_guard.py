@@ -16,9 +16,9 @@ from hf_zero3.checkpoint import contents, folders
 from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.plan.hardware import gpu_name, versions
 from hf_zero3.plan.saves import SaveSize, save_size
-from hf_zero3.run.distributed import fail_together, gather_from_ranks, local_world_size
-from hf_zero3.run.facts import ds_config_of
-from hf_zero3.run.storage import node_writer
+from hf_zero3.job.distributed import fail_together, gather_from_ranks, local_world_size
+from hf_zero3.job.facts import ds_config_of
+from hf_zero3.job.storage import node_writer
 
 
 class CheckpointGuardCallback(TrainerCallback):

@@ -11,7 +11,7 @@ from transformers import TrainerCallback
 
 from hf_zero3.callbacks._console import say
 from hf_zero3.callbacks._logs import merge_into_logs
-from hf_zero3.run.distributed import gather_from_ranks
+from hf_zero3.job.distributed import gather_from_ranks
 from hf_zero3.units import GIB
 
 

@@ -9,7 +9,7 @@ from transformers import TrainerCallback
 
 from hf_zero3.callbacks._console import say
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT, parse_signals
+from hf_zero3.job.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT, parse_signals
 
 
 class Preempted(RuntimeError):
@@ -35,7 +35,7 @@ class PreemptionCallback(TrainerCallback):
     in place (the launcher then exits 75 for a signal that came as the run finished).
 
     Args:
-        signals: comma-separated signal names (`hf_zero3.run.preemption.parse_signals`).
+        signals: comma-separated signal names (`hf_zero3.job.preemption.parse_signals`).
     """
 
     def __init__(self, signals: str | None = DEFAULT_SIGNALS):

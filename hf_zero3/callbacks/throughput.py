@@ -9,7 +9,7 @@ from transformers import TrainerCallback
 from hf_zero3.callbacks._logs import merge_into_logs
 from hf_zero3.plan.hardware import gpu_name
 from hf_zero3.plan.shapes import ModelError, flops_per_token, shape_from_config
-from hf_zero3.run.facts import global_batch_of
+from hf_zero3.job.facts import global_batch_of
 
 PEAK_TFLOPS = {
     # Dense (no sparsity) tensor-core TFLOP/s per GPU in bf16 (fp16 on V100, which has no bf16), matched as a

@@ -18,7 +18,7 @@ from typing import Any
 
 from hf_zero3 import __version__
 from hf_zero3.checkpoint.lifecycle import checkpoint_step, newest_complete, read_finished, read_marker
-from hf_zero3.run.facts import global_batch_of, precision_of
+from hf_zero3.job.facts import global_batch_of, precision_of
 from hf_zero3.units import perplexity
 
 DEFAULT_LICENSE = "other"

@@ -49,8 +49,8 @@ def _compare(args: argparse.Namespace) -> int:
     from hf_zero3.plan.hardware import default_ranks
     from hf_zero3.plan.shapes import load_config_shape
     from hf_zero3.recipes import RecipeError, get
-    from hf_zero3.run.arguments import load_arguments
-    from hf_zero3.run.facts import RunFacts
+    from hf_zero3.job.arguments import load_arguments
+    from hf_zero3.job.facts import RunFacts
 
     try:
         recipe = get(args.recipe).folder

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         return 0
     # datasets, transformers and TRL take seconds to import: for this verb only, not every `hf-zero3` call
     from hf_zero3.data.errors import DataError  # with datasets, as above
-    from hf_zero3.run.arguments import UsageError  # with transformers, as above
+    from hf_zero3.job.arguments import UsageError  # with transformers, as above
     from hf_zero3.run.preview import marked, preview  # with TRL, as above
 
     argv, show, as_json = _own_options(argv)

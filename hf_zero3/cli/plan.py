@@ -119,7 +119,7 @@ def _adapter(args: argparse.Namespace, shape):
     weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3 import recipes
-    from hf_zero3.run import lora
+    from hf_zero3.model import lora
 
     recipe = recipes.find(args.model) if args.model else None
     block = recipe.values.get("peft") if recipe is not None else None

@@ -17,7 +17,7 @@ Policy
   configures `deepspeed.checkpointing.checkpoint`, which HF models never call. Activation
   checkpointing intent is therefore mapped to TrainingArguments (`training_args_overrides`). Activation
   offload (`spec.activation_offload`) is written as `activation_checkpointing: {cpu_checkpointing: true}`: the
-  config carries it to `hf-zero3 train`, which applies it (hf_zero3.run.activation_offload); for DeepSpeed the
+  config carries it to `hf-zero3 train`, which applies it (hf_zero3.model.activation_offload); for DeepSpeed the
   block stays inert.
 """
 

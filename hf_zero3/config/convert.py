@@ -72,7 +72,7 @@ def spec_from_ds_config(config: dict[str, Any], world_size: int | None = None) -
         if asks_activation_offload(config):
             fields["activation_offload"] = True
             notes.append("kept cpu_checkpointing: true, which `hf-zero3 train` applies as activation offload "
-                         "(hf_zero3/run/activation_offload.py)")
+                         "(hf_zero3/model/activation_offload.py)")
     if fp16.get("enabled") is True:
         notes.append("kept fp16 as asked; on A100/H100/H200 prefer bf16 (--precision bf16)")
     fields.update(_implied_batch(fields, world_size, notes))

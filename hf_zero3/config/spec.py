@@ -144,7 +144,7 @@ class ZeroSpec(Strict):
     activation_offload: bool = False
     """Keep the activations saved for backward in pinned host memory (with checkpointing: the checkpointed layer
     inputs). Written as DeepSpeed's `activation_checkpointing.cpu_checkpointing`, which `hf-zero3 train` applies
-    through hf_zero3.run.activation_offload (DeepSpeed alone applies it only to models calling its checkpointing)."""
+    through hf_zero3.model.activation_offload (DeepSpeed alone applies it only to models calling its checkpointing)."""
     wall_clock_breakdown: bool = False
     """DeepSpeed times forward/backward/step and all-gathers (costs a sync per timer)."""
     gather_16bit_weights_on_save: bool = True

@@ -99,11 +99,11 @@ def _activation_checkpointing(block: Any) -> list[Finding]:
     findings = []
     if block.get("cpu_checkpointing") is True:
         findings.append(Finding("info", "activation_checkpointing.cpu_checkpointing",
-                                "applied by `hf-zero3 train` as activation offload (hf_zero3/run/activation_offload.py"
+                                "applied by `hf-zero3 train` as activation offload (hf_zero3/model/activation_offload.py"
                                 "): the activations the decoder saves for backward, with gradient_checkpointing the "
                                 "checkpointed layer inputs, live in pinned host memory. DeepSpeed alone does not "
                                 "apply it to HF models: with a plain `--deepspeed` script it does nothing unless the "
-                                "script calls hf_zero3.run.activation_offload.enable(model) before its Trainer"))
+                                "script calls hf_zero3.model.activation_offload.enable(model) before its Trainer"))
     inert = sorted(k for k, v in block.items() if k != "cpu_checkpointing" and v not in (False, None))
     if inert or not findings:
         what = ", ".join(inert) if inert else "this block"

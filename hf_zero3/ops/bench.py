@@ -35,7 +35,7 @@ from hf_zero3.ops.baselines import (
 )
 from hf_zero3.plan.hardware import gpu_count, gpu_name
 from hf_zero3.plan.hardware import versions as package_versions
-from hf_zero3.run.distributed import cuda_available, free_port
+from hf_zero3.job.distributed import cuda_available, free_port
 from hf_zero3.run.oom import oom_in_log
 from hf_zero3.run.plots import plot_runs
 from hf_zero3.units import current_names

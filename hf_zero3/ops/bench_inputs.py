@@ -19,8 +19,8 @@ from hf_zero3.ops.baselines import (
 from hf_zero3.plan.hardware import default_ranks
 from hf_zero3.plan.shapes import load_config_shape
 from hf_zero3.recipes import get
-from hf_zero3.run.arguments import load_arguments
-from hf_zero3.run.facts import RunFacts
+from hf_zero3.job.arguments import load_arguments
+from hf_zero3.job.facts import RunFacts
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def run_rung(rung: Rung, *, yaml_path: Path, model_dir: str, init_sha: str, step
     all as in a full rung, so its losses compare step by step) and has no held-out evaluation."""
     # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
     from hf_zero3.ops.bench import follow_run, read_jsonl, scratch_run_dir, stop_run
-    from hf_zero3.run.distributed import free_port
+    from hf_zero3.job.distributed import free_port
 
     run_dir = work_dir / rung.name
     scratch_run_dir(run_dir)
@@ -445,7 +445,7 @@ def run_compare(yaml_path: Path, values: dict[str, Any], names: list[str], *, st
     Returns the report and the rungs that failed (name -> error)."""
     # the runner's imports wait for a run: every `hf-zero3` parser reads RUNGS
     from hf_zero3.ops.bench import hardware_label, versions
-    from hf_zero3.run.distributed import cuda_available
+    from hf_zero3.job.distributed import cuda_available
 
 
     on_gpu = cuda_available()

@@ -29,8 +29,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from hf_zero3 import recipes
-from hf_zero3.run import lora
-from hf_zero3.run.distributed import free_port
+from hf_zero3.model import lora
+from hf_zero3.job.distributed import free_port
 from hf_zero3.run.hostfile import HOSTFILE_FIX, HostfileError, read_hostfile
 
 # setup.cfg cannot express native libraries; these floors are the seed's (torch>=2.6 wheels ship newer).

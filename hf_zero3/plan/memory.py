@@ -35,7 +35,7 @@ LOGITS_BYTES_PER_VOCAB = 12
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
 
 OFFLOAD_IN_FLIGHT_LAYERS = 3
-"""Activation offload (hf_zero3.run.activation_offload): checkpointed layer inputs on the GPU at once in backward,
+"""Activation offload (hf_zero3.model.activation_offload): checkpointed layer inputs on the GPU at once in backward,
 the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
 Measured on 2 x H200 (benchmarks study activation-offload): ~4 at the peak by the per-token
 slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
@@ -96,9 +96,9 @@ def lora_layer_activation_bytes(shape: ModelShape, spec: ZeroSpec, training: Tra
     `layer_activation_bytes` less what only the frozen weights' gradients needed, plus what the adapter keeps.
 
     A frozen layer's input is kept only for its weight's gradient, so it is dropped, at every ZeRO stage: ZeRO-3's
-    linear is `run.zero3_linear`, which keeps an input only for a weight that trains (DeepSpeed's own keeps every
+    linear is `model.zero3_linear`, which keeps an input only for a weight that trains (DeepSpeed's own keeps every
     input). peft's adapted layer computes `B(A(dropout(x)))` beside the frozen one, in the training precision (the
-    adapter is not upcast under DeepSpeed: `run.lora.apply`): with dropout, A keeps the dropped-out copy of x and
+    adapter is not upcast under DeepSpeed: `model.lora.apply`): with dropout, A keeps the dropped-out copy of x and
     dropout its mask, per adapted layer (q, k and v each keep their own copy of the one input); without dropout A
     keeps x itself (shared, nothing more). B keeps A's r outputs. So per token: the two norms' outputs (q, k, v's
     input; gate, up's input) and the SwiGLU product (down's input) go unless an adapter without dropout still keeps

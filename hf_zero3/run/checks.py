@@ -13,10 +13,11 @@ from typing import Any
 from hf_zero3.config.check import check_ds_config, load_config
 from hf_zero3.data.arguments import DataArguments, block_size_problem
 from hf_zero3.data.errors import DataError
-from hf_zero3.run import lora, model_checks, resume_checks, sequence_parallel
-from hf_zero3.run.arguments import TrainingArguments, UsageError
-from hf_zero3.run.distributed import is_world_process_zero, launched_world_size
-from hf_zero3.run.preemption import DEFAULT_SIGNALS, parse_signals
+from hf_zero3.model import lora
+from hf_zero3.run import model_checks, resume_checks, sequence_parallel
+from hf_zero3.job.arguments import TrainingArguments, UsageError
+from hf_zero3.job.distributed import is_world_process_zero, launched_world_size
+from hf_zero3.job.preemption import DEFAULT_SIGNALS, parse_signals
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")
@@ -160,7 +161,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
     problems += resume_checks.problems(values)
     problems += sequence_parallel.problems_of(values, launched_world_size())
     if values.get("fp8"):
-        from hf_zero3.run import fp8  # torch: imported only when the option is used
+        from hf_zero3.model import fp8  # torch: imported only when the option is used
 
         problems += fp8.problems(values, device)
     if problems:
@@ -169,7 +170,7 @@ def check_inputs(values: dict[str, Any], device: str) -> None:
 
 def _compile_problems(values: dict[str, Any]) -> list[str]:
     """regional_compile against the switches it cannot go with, and its backend."""
-    from hf_zero3.run.regional_compile import BACKENDS  # torch: imported only when the option is used
+    from hf_zero3.model.regional_compile import BACKENDS  # torch: imported only when the option is used
 
     if not values.get("regional_compile"):
         return []

@@ -9,7 +9,7 @@ HF_*, TRANSFORMERS_* and TORCH_* settings would silently not apply there.
 
 The command is the seed's `deepspeed --num_nodes=2 --num_gpus=4 train.py --deepspeed ds_config.json`, with the
 recipe's YAML in front of the overrides; it is printed, then run as this process's child, which passes the
-preemption signals on to the ranks (`hf_zero3.run.preemption`; exec'd instead when `preemption_signals` is
+preemption signals on to the ranks (`hf_zero3.job.preemption`; exec'd instead when `preemption_signals` is
 none). DRY_RUN=1 prints it with the resolved arguments, the batch math and the memory plan instead (`make
 plan-<size>`).
 """
@@ -35,9 +35,11 @@ from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
 from hf_zero3.plan.shapes import ModelError, load_config_shape, load_shape
 from hf_zero3.plan.types import PlanError, Training
-from hf_zero3.run import lora, node_loss, preemption
-from hf_zero3.run.distributed import LaunchError, cuda_available
-from hf_zero3.run.facts import RunFacts
+from hf_zero3.job import preemption
+from hf_zero3.model import lora
+from hf_zero3.run import node_loss
+from hf_zero3.job.distributed import LaunchError, cuda_available
+from hf_zero3.job.facts import RunFacts
 from hf_zero3.run.hostfile import write_hostfile
 from hf_zero3.run.launch_command import Launch, Target, flag, recipe_values, resolve
 from hf_zero3.units import gb
@@ -112,7 +114,7 @@ def write_deepspeed_env(path: Path, variables: dict[str, str]) -> None:
 def dry_run(launch: Launch, recipe: Path, env: Mapping[str, str], target: Target) -> int:
     """Resolved arguments, batch math, ds_config check and memory plan for this world size; 0 when it all fits."""
     # transformers' TrainingArguments takes seconds to import: a launch that is no dry run never parses the YAML
-    from hf_zero3.run.arguments import UsageError, load_arguments
+    from hf_zero3.job.arguments import UsageError, load_arguments
 
     try:
         values = load_arguments(launch.train_argv)

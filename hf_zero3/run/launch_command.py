@@ -18,7 +18,7 @@ from hf_zero3 import recipes
 from hf_zero3.argtypes import parse_size, positive_int
 from hf_zero3.plan.profiles import PROFILES
 from hf_zero3.run import node_loss
-from hf_zero3.run.distributed import LaunchError, free_port
+from hf_zero3.job.distributed import LaunchError, free_port
 from hf_zero3.run.hostfile import HostfileError, read_hostfile
 
 DEFAULT_HOSTFILE = "outputs/hostfile"

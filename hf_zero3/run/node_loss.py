@@ -1,7 +1,7 @@
 """A node lost: how the ranks left stop, how long the launcher waits for them, and which node it names.
 
 Three waits stand between a lost node and a job that hangs until the scheduler's time limit, and each gets a bound:
-- A collective waits `ddp_timeout` for a rank that does not answer (`hf_zero3.run.distributed` passes it to the
+- A collective waits `ddp_timeout` for a rank that does not answer (`hf_zero3.job.distributed` passes it to the
   process group it starts). A rank whose peer's process died sees its connection closed at once; one whose peer's
   network is cut sees nothing until then. It stops with one line naming what it lost (`peer_lost`), exit 69.
 - pdsh's ssh session to a node whose network is cut notices nothing either, ever (the node cannot send a reset):
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hf_zero3.run.preemption import PREEMPTED_EXIT
+from hf_zero3.job.preemption import PREEMPTED_EXIT
 
 PEER_LOST_EXIT = 69
 """The exit code of a rank that stopped because a collective lost a peer (sysexits' EX_UNAVAILABLE): another

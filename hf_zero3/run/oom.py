@@ -1,8 +1,8 @@
 """After an out-of-memory error: the planner's next step for this run on this machine, as exact overrides.
 
 The adapter between a running Trainer (its TrainingArguments, the model config) and the pure memory model: the run
-is described by its facts (`run.facts`, the same ZeroSpec the launcher's dry run plans), the machine by
-`plan.hardware` and the launcher's environment (`run.distributed`).
+is described by its facts (`job.facts`, the same ZeroSpec the launcher's dry run plans), the machine by
+`plan.hardware` and the launcher's environment (`job.distributed`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hf_zero3.plan.hardware import detect_hardware, gpu_count, host_ram_bytes
 from hf_zero3.plan.preference import preference_of
 from hf_zero3.plan.shapes import shape_from_config
 from hf_zero3.plan.types import Adapter, Hardware, Training
-from hf_zero3.run.distributed import local_world_size
-from hf_zero3.run.facts import RunFacts, ds_config_of
+from hf_zero3.job.distributed import local_world_size
+from hf_zero3.job.facts import RunFacts, ds_config_of
 
 
 def oom_kind(error: BaseException) -> str | None:

@@ -27,7 +27,7 @@ from trl.experimental.orpo import ORPOConfig
 
 from hf_zero3.data.build import Prepared
 from hf_zero3.data.preference import build_preference
-from hf_zero3.run.arguments import TrainingArguments
+from hf_zero3.job.arguments import TrainingArguments
 from hf_zero3.run.stages import STAGE_DEFAULTS, TRAINING_DEFAULTS, Stage
 
 

@@ -10,7 +10,7 @@ from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.build import PACKED, build_examples
 from hf_zero3.data.preference import preference_preview
 from hf_zero3.data.tokenize import IGNORE
-from hf_zero3.run.arguments import ArgumentParser, ModelArguments, TrainingArguments, UsageError, load_arguments
+from hf_zero3.job.arguments import ArgumentParser, ModelArguments, TrainingArguments, UsageError, load_arguments
 from hf_zero3.run.stages import stage_of
 
 

@@ -21,7 +21,7 @@ from packaging.version import Version
 from hf_zero3.config.check import load_config
 from hf_zero3.data.packing import attention_of as kernel_of
 from hf_zero3.data.packing import flattens
-from hf_zero3.run.arguments import UsageError
+from hf_zero3.job.arguments import UsageError
 
 ATTENTIONS = ("sdpa", "flash_attention_2", "flash_attention_3")
 """Attention kernels Ulysses wraps (Accelerate's list; eager and flex need a full-length mask it cannot shard)."""

@@ -16,7 +16,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from hf_zero3.data.build import PACKED, Prepared
 from hf_zero3.data.packing import attention_of, flattens, packing_problem
-from hf_zero3.run.arguments import TrainingArguments
+from hf_zero3.job.arguments import TrainingArguments
 
 
 @dataclasses.dataclass

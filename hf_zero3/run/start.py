@@ -16,9 +16,9 @@ from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.contents import ADAPTER_WEIGHTS
 from hf_zero3.checkpoint.folders import rotate
 from hf_zero3.checkpoint.lifecycle import resume_step, verify_complete, write_finished
-from hf_zero3.run import storage
-from hf_zero3.run.arguments import UsageError
-from hf_zero3.run.distributed import gather_from_ranks, is_world_process_zero
+from hf_zero3.job import storage
+from hf_zero3.job.arguments import UsageError
+from hf_zero3.job.distributed import gather_from_ranks, is_world_process_zero
 
 FINISHED = "finished"
 """`start_point`'s answer when output_dir already holds this run, finished: nothing to train."""

@@ -1,6 +1,6 @@
 """`hf-zero3 train CONFIG.yaml [--key value ...]` (also `python -m hf_zero3.train`): TRL's SFTTrainer, set up right.
 
-One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments) (`run.arguments`); every input checked
+One HfArgumentParser over (ModelArguments, DataArguments, TrainingArguments) (`job.arguments`); every input checked
 before anything starts (`run.checks`); where the run starts, resume included (`run.start`). TrainingArguments (and
 with it the DeepSpeed config) exist before the model, so ZeRO-3 partitions the weights while they load. No training
 loop of our own: TRL's `SFTTrainer` (a `transformers.Trainer` on the same DeepSpeed bridge, `run.sft`) plus our
@@ -28,33 +28,21 @@ from hf_zero3.callbacks import (
 )
 from hf_zero3.callbacks.adapter_check import verify_on_all_ranks as verify_adapter_on_all_ranks
 from hf_zero3.callbacks.nonfinite_guard import NonFiniteError
-from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback, checked_layers
+from hf_zero3.callbacks.partial_checkpointing import PartialCheckpointingCallback
 from hf_zero3.callbacks.preemption import Preempted, PreemptionCallback, release_all
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint.export import generation_ready
 from hf_zero3.checkpoint.lifecycle import CheckpointError, newest_complete, weights_gathered, write_finished
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.errors import DataError
-from hf_zero3.plan.hardware import gpu_name
-from hf_zero3.plan.types import Adapter
-from hf_zero3.run import (
-    activation_offload,
-    experts,
-    fp8,
-    lora,
-    regional_compile,
-    sequence_parallel,
-    tiled_compute,
-)
-from hf_zero3.run.arguments import (
+from hf_zero3.job.arguments import (
     ArgumentParser,
     ModelArguments,
     TrainingArguments,
     UsageError,
     load_arguments,
 )
-from hf_zero3.run.checks import check_inputs, training_values
-from hf_zero3.run.distributed import (
+from hf_zero3.job.distributed import (
     LaunchError,
     cuda_available,
     is_world_process_zero,
@@ -62,11 +50,17 @@ from hf_zero3.run.distributed import (
     process_group_released,
     release_engine,
 )
-from hf_zero3.run.facts import RunFacts, activation_offload_of, ds_config_of
+from hf_zero3.job.facts import RunFacts, ds_config_of
+from hf_zero3.job.preemption import PREEMPTED_EXIT
+from hf_zero3.model import lora, prepare
+from hf_zero3.model.layers import checked_layers
+from hf_zero3.plan.hardware import gpu_name
+from hf_zero3.plan.types import Adapter
+from hf_zero3.run import sequence_parallel
+from hf_zero3.run.checks import check_inputs, training_values
 from hf_zero3.run.node_loss import PEER_LOST_EXIT, USAGE_EXIT, peer_lost
 from hf_zero3.run.oom import oom_advice_for_run, oom_kind
 from hf_zero3.run.plots import plot_train_log
-from hf_zero3.run.preemption import PREEMPTED_EXIT
 from hf_zero3.run.stages import stage_of
 from hf_zero3.run.start import FINISHED, claim, start_point
 
@@ -129,7 +123,7 @@ def _banner(trainer) -> str:
 def _explain_oom(error: BaseException, model_config, training_args, seq_len: int,
                  adapter: Adapter | None = None) -> None:
     """On an out-of-memory error, print the planner's next step as exact overrides (then the error is re-raised).
-    `adapter`: a LoRA run's adapter (`run.lora.planned_adapter`)."""
+    `adapter`: a LoRA run's adapter (`model.lora.planned_adapter`)."""
     kind = oom_kind(error)
     if kind is None:
         return
@@ -139,69 +133,6 @@ def _explain_oom(error: BaseException, model_config, training_args, seq_len: int
         advice = f"(the planner could not suggest a next step: {planner_error})"
     print(f"[rank {os.environ.get('RANK', '0')}] hf_zero3: out of {'host' if kind == 'host' else 'GPU'} memory. "
           f"{advice}", file=sys.stderr, flush=True)
-
-
-def _maybe_offload_activations(model, training_args) -> None:
-    """Activation offload when asked by `activation_offload` or by the ds_config's `cpu_checkpointing`
-    (`run.facts.activation_offload_of`, which the OOM advice and the launcher's plan ask too); the TrainingArguments
-    field is set either way, so run_config.json records what ran."""
-    ds = ds_config_of(training_args)
-    by_ds = activation_offload_of(None, ds)
-    if training_args.activation_offload is False and by_ds and is_world_process_zero():
-        print("hf_zero3: activation offload off (activation_offload: false), although the ds_config's "
-              "activation_checkpointing.cpu_checkpointing asks for it", flush=True)
-    training_args.activation_offload = activation_offload_of(training_args.activation_offload, ds)
-    if not training_args.activation_offload:
-        return
-    activation_offload.enable(model)
-    if is_world_process_zero():
-        why = "ds_config activation_checkpointing.cpu_checkpointing" if by_ds else "activation_offload"
-        decoder = type(activation_offload.decoder_of(model)).__name__
-        print(f"hf_zero3: activation offload on ({why}): what {decoder} saves for backward lives in host memory",
-              flush=True)
-
-
-def _maybe_fp8(model, training_args) -> None:
-    """`fp8`: the decoder layers' linears swapped for torchao's Float8Linear (hf_zero3/run/fp8.py), before DeepSpeed
-    wraps the model and its optimizer takes the (unchanged) parameters."""
-    if not training_args.fp8:
-        return
-    try:
-        converted = fp8.enable(model, training_args.fp8_recipe, emulate=training_args.use_cpu)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    if is_world_process_zero():
-        how = "emulated on CPU: float8 casts, fp32 matmuls" if training_args.use_cpu else "on FP8 tensor cores"
-        print(f"hf_zero3: fp8 on: {len(converted)} linear layers of the decoder layers multiply in float8 (torchao, "
-              f"{training_args.fp8_recipe} scaling; {how}); the embedding, lm_head and routers do not; MFU counts "
-              "the same FLOPs against the bf16 peak", flush=True)
-
-
-def _liger_outside_compiled_layers(training_args) -> None:
-    """With `regional_compile` and `use_liger_kernel` but no `liger_kernel_config`: none of Liger's kernels in the
-    compiled layers (`regional_compile.LIGER_OUTSIDE_LAYERS`), set before the Trainer applies Liger in its __init__."""
-    chosen = training_args.liger_kernel_config is not None
-    if chosen or not (training_args.regional_compile and training_args.use_liger_kernel):
-        return
-    training_args.liger_kernel_config = dict(regional_compile.LIGER_OUTSIDE_LAYERS)
-    if is_world_process_zero():
-        print("hf_zero3: Liger with regional compile: none of its kernels, the compiler fuses the layers and TRL's "
-              "chunked LM head computes the loss (liger_kernel_config chooses otherwise)", flush=True)
-
-
-def _maybe_compile_regions(model, training_args) -> None:
-    """`regional_compile`: each decoder layer compiled in place (hf_zero3/run/regional_compile.py), after the Trainer
-    patched Liger's forwards in, before DeepSpeed wraps the model."""
-    if not training_args.regional_compile:
-        return
-    try:
-        layers = regional_compile.enable(model, training_args.regional_compile_backend)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    if is_world_process_zero():
-        print(f"hf_zero3: regional compile on: {len(layers)} {type(layers[0]).__name__} blocks compiled in place "
-              f"(backend {training_args.regional_compile_backend}); the embedding, lm_head and loss run uncompiled",
-              flush=True)
 
 
 def _partial_checkpointing(model, training_args) -> list:
@@ -248,38 +179,20 @@ def _checked_values(argv: list[str]) -> tuple[dict[str, Any], bool]:
 def _prepared_model(model_args, training_args, resume: str | None):
     """The model (partitioned while it loads under ZeRO-3), its adapter and leaf modules, and the tokenizer."""
     model, tokenizer = _load_model_and_tokenizer(model_args, resume)
-    if training_args.deepspeed:  # DeepSpeed's module is loaded by now: the import costs nothing here
-        from hf_zero3.run import zero3_linear
-
-        zero3_linear.install()  # where zero.Init put DeepSpeed's linear: a frozen weight's input is not kept
-    if model_args.peft is not None:  # the adapter on the frozen base, partitioned with it when DeepSpeed starts
-        try:
-            model = lora.apply(model, lora.parse(model_args.peft), training_args)
-        except ValueError as e:  # targets peft cannot adapt (checked before start where the config was at hand)
-            raise UsageError(f"peft: {e}") from e
-        if is_world_process_zero():
-            print(lora.describe(model), flush=True)
-    try:
-        leaves = experts.set_leaf_modules(model, model_args.leaf_modules, training_args)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    if leaves and is_world_process_zero():
-        print(f"hf_zero3: {leaves}", flush=True)
-    return model, tokenizer
+    return prepare.before_trainer(model, model_args, training_args), tokenizer
 
 
 def _reference_model(model_args, training_args, policy):
     """A preference stage's reference model, prepared as the policy is: partitioned while it loads under ZeRO-3, the
-    same attention kernel and leaf modules; from a config, the policy's own random start (the same seed)."""
+    same attention kernel and `prepare.before_trainer` (its leaf modules); from a config, the policy's own random
+    start (the same seed)."""
     from transformers import set_seed
 
     set_seed(training_args.seed)
     source = model_args.ref_model_name_or_path or model_args.model_name_or_path
     reference, _ = _load_model_and_tokenizer(dataclasses.replace(model_args, model_name_or_path=source, peft=None))
-    leaves = experts.set_leaf_modules(reference, model_args.leaf_modules, training_args)
-    if leaves and is_world_process_zero():
-        print(f"hf_zero3: reference model: {leaves}", flush=True)
-    return reference
+    return prepare.before_trainer(reference, dataclasses.replace(model_args, peft=None), training_args,
+                                  who="reference model")
 
 
 def _trainer(model, tokenizer, model_args, data_args, training_args, preemption, resume: str | None,
@@ -315,7 +228,6 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
     # __init__ and upload whatever save_model wrote), blind to incomplete saves, stay off.
     by_callbacks = {"save_total_limit": training_args.save_total_limit, "push_to_hub": training_args.push_to_hub}
     training_args.save_total_limit, training_args.push_to_hub = None, False
-    _liger_outside_compiled_layers(training_args)
     try:
         trainer = sft_trainer(model, training_args, data_args, prepared, tokenizer) if stage.columns is None else \
             preference_trainer(stage, model, tokenizer, model_args, data_args, training_args, prepared,
@@ -332,11 +244,8 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
         for note in [*prepared.notes, *([rows_note(prepared, trainer, data_args.block_size)] if stage.columns is None
                                         else [])]:
             print(f"hf_zero3: data: {note}", flush=True)
-    _maybe_offload_activations(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
-    tiled_compute.enable_for_run(model, training_args)  # likewise: the tiles call Liger's forwards
     sequence_parallel.resumable(trainer)
-    _maybe_fp8(model, training_args)  # before compiling: the compiled layers trace the float8 casts
-    _maybe_compile_regions(model, training_args)  # likewise: the compiled layers trace Liger's forwards
+    prepare.after_trainer(model, training_args)  # after the Trainer: Liger patches forwards in its __init__
     install_callbacks(trainer, [DeepSpeedTimersCallback(trainer), NvmeResumeCallback(trainer, resume), *callbacks])
     return trainer, by_callbacks, prepared
 

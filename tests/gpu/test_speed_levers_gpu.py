@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import TINY_YAML, explain, run, train_log
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.callbacks.partial_checkpointing import checkpointing_layers
-from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
-from hf_zero3.run.regional_compile import is_compiled
+from hf_zero3.model.layers import checkpointing_layers
+from hf_zero3.job.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
+from hf_zero3.model.regional_compile import is_compiled
 from hf_zero3.train import main
 
 

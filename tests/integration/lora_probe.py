@@ -1,6 +1,6 @@
 """`hf_zero3.train` plus a callback that records, per rank, what ZeRO-3 holds of a LoRA run (the frozen base's
 partition, the optimizer's fp32 elements) when training begins, what decoder layer 1 keeps for backward in the first
-forward (with the parameters' dtypes and whether ZeRO-3's linear (`run.zero3_linear`) replaced F.linear), and rank 0's logits of a fixed
+forward (with the parameters' dtypes and whether ZeRO-3's linear (`model.zero3_linear`) replaced F.linear), and rank 0's logits of a fixed
 input when it ends (launched like training:
 `torchrun --nproc_per_node 2 tests/integration/lora_probe.py PROBE_DIR CONFIG [overrides]`)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
+from hf_zero3.job.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
 from hf_zero3.train import main
 
 PROBE_INPUT = torch.arange(3, 67).reshape(1, 64)
@@ -40,7 +40,7 @@ class LoraProbe(TrainerCallback):
 
     def _watch_layer(self, model):
         """The unique storages decoder layer 1 saves for backward in the first forward (parameters excepted)."""
-        from hf_zero3.run.zero3_linear import zero3_linear
+        from hf_zero3.model.zero3_linear import zero3_linear
 
         layer = next(m for name, m in model.named_modules() if name.endswith("layers.1"))
         params, saved, done = {id(p) for p in model.parameters()}, {}, []

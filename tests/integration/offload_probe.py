@@ -10,8 +10,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_zero3.run.activation_offload import decoder_of
-from hf_zero3.run.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
+from hf_zero3.model.activation_offload import decoder_of
+from hf_zero3.job.distributed import exit_process  # as hf_zero3.train ends: no abort in C++ teardown
 from hf_zero3.train import main
 
 

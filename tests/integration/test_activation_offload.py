@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, run, train_log, weights
 
 pytestmark = pytest.mark.integration

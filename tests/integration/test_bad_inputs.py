@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from hf_zero3.cli import main as cli_main
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, make_unreadable, run, subprocess_env
 
 pytestmark = pytest.mark.integration

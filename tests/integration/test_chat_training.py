@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, run, train_log
 
 pytestmark = pytest.mark.integration

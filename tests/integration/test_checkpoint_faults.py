@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.preemption import PREEMPTED_EXIT
+from hf_zero3.job.preemption import PREEMPTED_EXIT
 from tests.conftest import (
     CHECKPOINT_RUN,
     ROOT,
@@ -42,7 +42,7 @@ KEEP_ALL = ["--save_total_limit", "10"]
 
 
 def train(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    from hf_zero3.run.distributed import free_port
+    from hf_zero3.job.distributed import free_port
 
     return run([LAUNCH, "--output_dir", out, *CHECKPOINT_RUN, *extra], MASTER_PORT=str(free_port()))
 

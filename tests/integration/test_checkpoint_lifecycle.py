@@ -15,7 +15,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import (
     CHECKPOINT_RUN,
     ROOT,

@@ -12,7 +12,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint.export import export_checkpoint
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, losses_by_step, run
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, error_naming, explain, losses, run
 
 pytestmark = pytest.mark.integration
@@ -142,7 +142,7 @@ def test_a_lora_checkpoint_resumed_without_its_peft_block_is_one_line_before_sta
 
 
 def test_zero3_keeps_what_the_plan_counts_for_each_layer_of_a_bf16_lora_run(trained, tmp_path):
-    """One rank, bf16, ZeRO-3 without checkpointing, dropout 0.05: ZeRO-3's linear (`run.zero3_linear`: a frozen
+    """One rank, bf16, ZeRO-3 without checkpointing, dropout 0.05: ZeRO-3's linear (`model.zero3_linear`: a frozen
     layer's input is not kept) has replaced F.linear, the adapter is bf16 like the base (not peft's fp32: DeepSpeed
     keeps the fp32 master weights), and what decoder layer 1 saved in the first forward is the planner's term to the
     byte, plus the two small terms it leaves out (each norm's fp32 rsqrt, RoPE's bf16 cos and sin per position) and

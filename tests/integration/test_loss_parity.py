@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, run
 
 pytestmark = pytest.mark.integration

@@ -27,9 +27,9 @@ import psutil
 import pytest
 
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from hf_zero3.run.node_loss import PEER_LOST_EXIT
-from hf_zero3.run.preemption import PREEMPTED_EXIT
+from hf_zero3.job.preemption import PREEMPTED_EXIT
 from tests.conftest import ROOT, VENV, error_naming, explain, losses, losses_by_step, run, subprocess_env
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import TINY_YAML, explain, run, train_log
 
 pytestmark = pytest.mark.integration

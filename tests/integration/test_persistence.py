@@ -10,7 +10,7 @@ import json
 import pytest
 
 from hf_zero3.config.spec import EVERY_PARAMETER
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, run
 
 pytestmark = pytest.mark.integration

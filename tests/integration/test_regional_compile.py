@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_zero3.checkpoint.contents import verify_checkpoint
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import TINY_YAML, explain, run, train_log
 
 pytestmark = pytest.mark.integration

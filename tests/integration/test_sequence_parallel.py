@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses_by_step, run, train_log, weights
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, losses, run, train_log
 
 pytestmark = pytest.mark.integration
@@ -137,10 +137,10 @@ def test_accelerate_launch_runs_the_same_entry_point(tmp_path):
 
 def test_no_shared_memory_buffer_is_left_in_dev_shm(launcher_run):
     """DeepSpeed's CPU all-reduce never unlinks its /dev/shm buffers (~69 MB per rank, per run, until reboot);
-    hf_zero3.run.distributed.release_shm_buffer_names removes the names once every rank has mapped them."""
+    hf_zero3.job.distributed.release_shm_buffer_names removes the names once every rank has mapped them."""
     import re
 
-    from hf_zero3.run.distributed import SHM_DIR
+    from hf_zero3.job.distributed import SHM_DIR
 
     proc, _ = launcher_run
     assert "deepspeed_shm_comm_op" in proc.stdout + proc.stderr  # the SHM all-reduce was in use

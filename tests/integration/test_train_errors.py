@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hf_zero3.run.distributed import free_port
+from hf_zero3.job.distributed import free_port
 from tests.conftest import ROOT, TINY_YAML, explain, run, subprocess_env
 
 pytestmark = pytest.mark.integration

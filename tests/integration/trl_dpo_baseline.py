@@ -13,7 +13,7 @@ import deepspeed
 from datasets import load_dataset
 from trl import DPOConfig, DPOTrainer
 
-from hf_zero3.run.distributed import exit_process
+from hf_zero3.job.distributed import exit_process
 
 ROOT = Path(__file__).resolve().parents[2]
 

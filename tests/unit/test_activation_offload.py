@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from hf_zero3.run import activation_offload as ao
+from hf_zero3.model import activation_offload as ao
 from tests.conftest import ROOT
 
 
@@ -90,7 +90,7 @@ def test_the_decoder_is_the_base_model(tiny):
 
 
 def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true_and_the_argument_is_unset():
-    from hf_zero3.run.facts import activation_offload_of
+    from hf_zero3.job.facts import activation_offload_of
 
     asks = {"activation_checkpointing": {"cpu_checkpointing": True}}
     assert activation_offload_of(None, asks) and not activation_offload_of(False, asks)
@@ -100,8 +100,8 @@ def test_requested_by_the_ds_config_only_when_cpu_checkpointing_is_true_and_the_
 
 
 def test_train_switches_it_on_from_the_training_argument(tiny, tmp_path, capsys):
-    from hf_zero3.run.arguments import TrainingArguments
-    from hf_zero3.run.train import _maybe_offload_activations
+    from hf_zero3.job.arguments import TrainingArguments
+    from hf_zero3.model.prepare import _maybe_offload_activations
 
     m = copy.deepcopy(tiny)
     _maybe_offload_activations(m, TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))

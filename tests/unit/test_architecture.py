@@ -25,18 +25,20 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("hf_zero3.run",),),
     (("hf_zero3.callbacks",),),
     (("hf_zero3.checkpoint",),),
-    (("hf_zero3/run/__init__.py", "hf_zero3.run.arguments", "hf_zero3.run.facts", "hf_zero3.run.distributed",
-      "hf_zero3.run.preemption", "hf_zero3.run.storage"),),
+    (("hf_zero3.model",),),
+    (("hf_zero3.job",),),
     (("hf_zero3.plan",),),
     (("hf_zero3.config",), ("hf_zero3.data",)),
     (("hf_zero3/__init__.py", "hf_zero3.units", "hf_zero3.argtypes", "hf_zero3.parsing", "hf_zero3.recipes"),),
 )
-"""Top first. A row's parts (config, data) are peers: neither imports the other. A module belongs to the longest
-name listed that is it or a package above it; an `__init__.py` listed is that package's own module only (run/'s is
-empty and sits in the lowest of its layers: importing run.facts runs it)."""
+"""Top first. A row's parts (config, data) are peers: neither imports the other. Each entry is one folder or one
+top-level module, listed once, so a folder is one layer and any import from a folder into one above it fails. A module
+belongs to the longest name listed that is it or a package above it; an `__init__.py` listed is that package's own
+module only."""
 
 LAYER_NAMES = ("the face: `hf-zero3 <verb>`, `python -m hf_zero3.train`", "operations beside the flow",
-               "one run: train, launch, OOM advice", "callbacks", "checkpoints", "what a run is",
+               "one run: train, launch, OOM advice", "callbacks", "checkpoints",
+               "model preparation: adapter, leaf modules, FP8, compile, offload", "what a run is",
                "the planner", "configs; the user's data (peers)", "base: units, argument types, the recipe registry")
 
 
@@ -111,6 +113,15 @@ def test_every_import_names_a_module_that_exists():
                 missing += [f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}" for a in node.names
                             if a.name.startswith("hf_zero3") and a.name not in mods]
     assert not missing, "\n".join(missing)
+
+
+def test_each_folder_is_one_layer():
+    """No module of a folder is listed apart from its folder, and nothing is listed twice: a folder split across
+    layers would let its low modules import up into its own high ones' floor."""
+    listed = [name for parts in LAYERS for names in parts for name in names]
+    assert len(listed) == len(set(listed)), sorted(n for n in listed if listed.count(n) > 1)
+    inner = [n for n in listed if n.replace("/", ".").removesuffix(".py").removesuffix(".__init__").count(".") > 1]
+    assert not inner, f"modules listed apart from their folder: {inner}"
 
 
 def test_every_module_has_a_layer():
@@ -218,7 +229,7 @@ def test_every_module_and_folder_the_doc_names_exists():
 def test_every_package_folder_is_in_the_doc():
     text = DOC.read_text()
     folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert set(folders) >= {"callbacks", "checkpoint", "cli", "config", "data", "ops", "plan", "run"}
+    assert set(folders) >= {"callbacks", "checkpoint", "cli", "config", "data", "job", "model", "ops", "plan", "run"}
     assert all(f"`hf_zero3/{name}/`" in text for name in folders), folders
 
 

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig, Qwen3M
 from hf_zero3.checkpoint.names import saved_shapes
 from hf_zero3.plan.experts import expert_count, leaf_classes, leaf_modules
 from hf_zero3.plan.shapes import flops_per_token, matmul_params, shape_from_config
-from hf_zero3.run.experts import set_leaf_modules
+from hf_zero3.model.experts import set_leaf_modules
 from tests.conftest import ROOT
 
 TINY = ROOT / "assets/tiny"

@@ -1,4 +1,4 @@
-"""`fp8: true` (hf_zero3/run/fp8.py): which linears become torchao's Float8Linear, that names and weights stay as
+"""`fp8: true` (hf_zero3/model/fp8.py): which linears become torchao's Float8Linear, that names and weights stay as
 checkpoints know them, what a converted layer keeps for backward (why regional_compile is required), and the
 arguments refused before anything starts. The 2-rank ZeRO-3 run is in tests/integration/test_regional_compile.py."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_zero3.run import fp8
+from hf_zero3.model import fp8
 from tests.conftest import ROOT, explain, run
 
 
@@ -128,6 +128,6 @@ def test_fp8_on_a_cpu_or_off_needs_nothing_more():
 
 
 def test_importing_the_trainer_with_torchao_installed_prints_nothing_of_torchao():
-    done = run([sys.executable, "-c", "import hf_zero3.run.arguments, torchao.float8"])
+    done = run([sys.executable, "-c", "import hf_zero3.job.arguments, torchao.float8"])
     assert done.returncode == 0, explain(done)
     assert "torchao" not in done.stderr and "Enum subclass" not in done.stderr, done.stderr

@@ -10,7 +10,8 @@ import inspect
 import pytest
 import torch
 
-from hf_zero3.run import sequence_parallel, tiled_compute
+from hf_zero3.model import tiled_compute
+from hf_zero3.run import sequence_parallel
 from tests.conftest import ROOT, error_naming
 from tests.unit.test_lora import small_peft_model
 
@@ -157,7 +158,7 @@ def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
 
 def test_the_card_and_the_banner_count_data_parallel_ranks_under_sequence_parallelism():
     from hf_zero3.checkpoint.card import hyperparameters
-    from hf_zero3.run.facts import RunFacts
+    from hf_zero3.job.facts import RunFacts
 
     rows = hyperparameters({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2,
                             "sequence_parallel_size": 4}, world_size=8, ds_config=None)
@@ -183,7 +184,7 @@ def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsy
 def test_packed_rows_flattened_for_flash_attention_take_micro_batch_1_under_sequence_parallelism():
     import types
 
-    from hf_zero3.run.arguments import UsageError
+    from hf_zero3.job.arguments import UsageError
 
     model = _tiny()
     model.config._attn_implementation = "flash_attention_2"  # what a GPU run loads; the check reads only the name

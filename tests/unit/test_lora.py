@@ -10,7 +10,7 @@ import torch
 
 from hf_zero3.checkpoint import contents
 from hf_zero3.checkpoint import lifecycle as ckpt
-from hf_zero3.run import lora
+from hf_zero3.model import lora
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "assets/tiny/model")
@@ -83,7 +83,7 @@ def test_targets_that_match_no_module_are_refused_before_start_with_the_modules_
 
 
 def test_the_yaml_block_and_a_json_override_reach_the_model_arguments(tmp_path):
-    from hf_zero3.run.arguments import load_arguments
+    from hf_zero3.job.arguments import load_arguments
 
     path = tmp_path / "run.yaml"
     path.write_text("model_name_or_path: base\npeft:\n  r: 8\n  target_modules: [q_proj, v_proj]\n")

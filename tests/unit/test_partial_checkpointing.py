@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_zero3.callbacks.partial_checkpointing import checkpoint_first, checkpointing_layers
+from hf_zero3.callbacks.partial_checkpointing import checkpoint_first
+from hf_zero3.model.layers import checkpointing_layers
 from hf_zero3.run.train import main
 from tests.conftest import ROOT, TINY_YAML
 

@@ -460,7 +460,7 @@ def test_the_oom_advice_plans_the_activation_offload_the_run_runs(setting):
 
     from transformers import LlamaConfig
 
-    from hf_zero3.run.facts import activation_offload_of
+    from hf_zero3.job.facts import activation_offload_of
 
     config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
                          num_key_value_heads=32, vocab_size=32000)

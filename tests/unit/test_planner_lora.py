@@ -67,12 +67,12 @@ def test_only_the_adapter_has_gradients_and_optimizer_states_and_checkpointing_k
 def _saved_bytes_per_token(config, targets, dropout: float, stage: int, monkeypatch, batch=2, seq=32) -> float:
     """What torch keeps for backward in decoder layer 1 of a bf16 Llama with peft's adapter, per token: the unique
     storages its forward saves, parameters excepted. As a run under DeepSpeed has it: the adapter in bf16 (not upcast,
-    `run.lora.apply`) and, `stage` 3, ZeRO-3's linear in place of F.linear (`run.zero3_linear`, installed where
+    `model.lora.apply`) and, `stage` 3, ZeRO-3's linear in place of F.linear (`model.zero3_linear`, installed where
     `zero.Init` put DeepSpeed's)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from hf_zero3.run.zero3_linear import zero3_linear
+    from hf_zero3.model.zero3_linear import zero3_linear
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
@@ -221,7 +221,7 @@ def test_the_oom_advice_of_a_lora_run_reads_the_config_accelerate_rewrote_and_pl
     import torch.distributed as dist
     from transformers import AutoConfig, TrainingArguments
 
-    from hf_zero3.run.facts import RunFacts, ds_config_of
+    from hf_zero3.job.facts import RunFacts, ds_config_of
     from hf_zero3.run.oom import oom_advice_for_run
 
     rows = [json.loads(line) for line in (ROOT / REPORT).with_name("lora_bench.jsonl").read_text().splitlines()]

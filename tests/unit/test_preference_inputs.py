@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.data.preference import PAIRS, build_preference
-from hf_zero3.run.arguments import UsageError, load_arguments
+from hf_zero3.job.arguments import UsageError, load_arguments
 from hf_zero3.run.checks import check_inputs
 from tests.conftest import ROOT, TINY_YAML, error_naming
 

@@ -46,7 +46,7 @@ def test_train_args_parse_strictly_and_need_no_string_coercion(recipe):
     from transformers import HfArgumentParser
 
     from hf_zero3.data.arguments import DataArguments
-    from hf_zero3.run.arguments import ModelArguments, TrainingArguments, load_arguments
+    from hf_zero3.job.arguments import ModelArguments, TrainingArguments, load_arguments
 
     raw = yaml.safe_load((recipe / "train_args.yaml").read_text())
     values = load_arguments([str(recipe / "train_args.yaml")])  # unknown keys raise
@@ -189,7 +189,7 @@ def _plans(recipe: Path, hardware=None):
     from hf_zero3.plan.profiles import get
     from hf_zero3.plan.shapes import load_shape
     from hf_zero3.plan.types import Hardware, Training
-    from hf_zero3.run.lora import planned as planned_adapter
+    from hf_zero3.model.lora import planned as planned_adapter
 
     target = _target(recipe)
     if target.gpu_mem is None:

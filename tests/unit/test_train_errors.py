@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_zero3.run.arguments import UsageError, load_arguments
+from hf_zero3.job.arguments import UsageError, load_arguments
 from hf_zero3.run.train import main
 from tests.conftest import ROOT, TINY_YAML, error_naming
 
@@ -346,7 +346,7 @@ def test_exit_process_does_what_a_normal_exit_does_for_python_then_exits_with_th
     done = tmp_path / "written"
     script = (
         "import atexit, sys, threading, time\n"
-        "from hf_zero3.run.distributed import exit_process\n"
+        "from hf_zero3.job.distributed import exit_process\n"
         f"t = threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('ok')))\n"
         "t.start()\n"
         "atexit.register(lambda: print('atexit ran'))\n"
@@ -363,7 +363,7 @@ def test_exit_process_wakes_an_executor_left_open_as_a_normal_exit_does(tmp_path
     """A ThreadPoolExecutor never shut down (huggingface_hub's run_as_future keeps one) has idle non-daemon workers:
     joining them without waking them would hang the finished run for ever."""
     proc = _python("from concurrent.futures import ThreadPoolExecutor\n"
-                   "from hf_zero3.run.distributed import exit_process\n"
+                   "from hf_zero3.job.distributed import exit_process\n"
                    "pool = ThreadPoolExecutor(1)\n"
                    "pool.submit(lambda: 1).result()\n"
                    "exit_process(0)\n")
@@ -483,7 +483,7 @@ def test_a_preemption_signal_that_cannot_work_is_a_usage_error(capsys, tmp_path,
 def test_preemption_signal_names_and_the_launchers_view_of_them(tmp_path):
     import signal
 
-    from hf_zero3.run.preemption import parse_signals, signals_of_argv
+    from hf_zero3.job.preemption import parse_signals, signals_of_argv
 
     assert parse_signals("SIGTERM, usr1,SIGTERM") == [signal.SIGTERM, signal.SIGUSR1]
     assert parse_signals("none") == parse_signals("") == []
@@ -514,8 +514,8 @@ def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path)
 
     import psutil
 
-    from hf_zero3.run.distributed import free_port
-    from hf_zero3.run.preemption import remote_command
+    from hf_zero3.job.distributed import free_port
+    from hf_zero3.job.preemption import remote_command
 
     package = tmp_path / "fake" / "deepspeed" / "launcher"
     package.mkdir(parents=True)
@@ -546,7 +546,7 @@ def test_a_signal_for_another_node_is_held_until_its_ranks_can_take_it(tmp_path)
 def test_the_signal_that_stops_a_job_is_one_not_blocked_for_preemption(signals, stop):
     import signal
 
-    from hf_zero3.run.preemption import _stop_signal, parse_signals
+    from hf_zero3.job.preemption import _stop_signal, parse_signals
 
     assert _stop_signal(parse_signals(signals)) == signal.Signals[stop]
 
@@ -742,7 +742,7 @@ def test_regional_compile_refuses_whole_model_compile_and_an_unknown_backend(cap
 def test_regional_compile_needs_decoder_layers():
     import torch
 
-    from hf_zero3.run.regional_compile import enable
+    from hf_zero3.model.regional_compile import enable
 
     with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
         enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
@@ -758,8 +758,8 @@ def test_fp8_without_regional_compile_is_refused_before_anything_starts(capsys, 
 def test_liger_with_compiled_layers_stays_out_of_them_unless_its_config_says_otherwise():
     from types import SimpleNamespace
 
-    from hf_zero3.run.regional_compile import LIGER_OUTSIDE_LAYERS
-    from hf_zero3.run.train import _liger_outside_compiled_layers
+    from hf_zero3.model.prepare import _liger_outside_compiled_layers
+    from hf_zero3.model.regional_compile import LIGER_OUTSIDE_LAYERS
 
     args = SimpleNamespace(regional_compile=True, use_liger_kernel=True, liger_kernel_config=None)
     _liger_outside_compiled_layers(args)

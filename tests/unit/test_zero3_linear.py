@@ -1,4 +1,4 @@
-"""ZeRO-3's linear (`run.zero3_linear`): DeepSpeed's function, keeping a layer's input only for a weight that trains;
+"""ZeRO-3's linear (`model.zero3_linear`): DeepSpeed's function, keeping a layer's input only for a weight that trains;
 the gradients are DeepSpeed's and torch's to the bit."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from deepspeed.runtime.zero.linear import zero3_linear_wrap
 
-from hf_zero3.run import zero3_linear
+from hf_zero3.model import zero3_linear
 
 
 def _run(linear, weight_trains: bool, bias: bool = True):

@@ -23,9 +23,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from hf_zero3.run.arguments import UsageError
-from hf_zero3.run.distributed import fail_together, gather_from_ranks
-from hf_zero3.run.facts import ds_config_of
+from hf_zero3.job.arguments import UsageError
+from hf_zero3.job.distributed import fail_together, gather_from_ranks
+from hf_zero3.job.facts import ds_config_of
 
 SHARED, NODE_LOCAL = "shared", "node-local"
 _PROBE = ".hf_zero3_probe_"

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from hf_zero3.run.arguments import UsageError
+from hf_zero3.job.arguments import UsageError
 
 
 def agreed(count: int) -> int:

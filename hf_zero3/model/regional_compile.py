@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_zero3.callbacks.partial_checkpointing import checkpointing_layers
+from hf_zero3.model.layers import checkpointing_layers
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 """`regional_compile_backend`: inductor (the compiler, the default), or dynamo's tracing without code generation

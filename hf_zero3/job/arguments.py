@@ -2,7 +2,7 @@
 overrides they are parsed from.
 
 Why their own module: the train entry, the launcher's dry run, bench and compare read a run's arguments, and the
-run's facts (`run.facts`) take their defaults from these dataclasses; none of them needs the run itself.
+run's facts (`job.facts`) take their defaults from these dataclasses; none of them needs the run itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import transformers
 
 from hf_zero3.data.arguments import DataArguments
 from hf_zero3.parsing import ParseError, parse_value, parse_yaml
-from hf_zero3.run.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
+from hf_zero3.job.preemption import DEFAULT_SIGNALS, PREEMPTED_EXIT
 
 
 class UsageError(ValueError):
@@ -88,7 +88,7 @@ class TrainingArguments(transformers.TrainingArguments):
                                          "copied back ahead of use on side CUDA streams (with gradient_checkpointing: "
                                          "the checkpointed layer inputs). Also on when the ds_config says "
                                          "activation_checkpointing.cpu_checkpointing: true, unless this says false. "
-                                         "See hf_zero3/run/activation_offload.py."})
+                                         "See hf_zero3/model/activation_offload.py."})
     gradient_checkpointing_layers: int | None = field(
         default=None, metadata={"help": "With gradient_checkpointing: checkpoint only the first N decoder layers; the "
                                          "others keep their activations and skip their recompute (more memory, "
@@ -98,7 +98,7 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False, metadata={"help": "torch.compile each decoder layer in place (not the whole model, as "
                                          "torch_compile does): the loss, Liger's fused cross-entropy included, stays "
                                          "outside the compiler; works with ZeRO-3 and checkpointing. See "
-                                         "hf_zero3/run/regional_compile.py."})
+                                         "hf_zero3/model/regional_compile.py."})
     regional_compile_backend: str = field(
         default="inductor", metadata={"help": "torch.compile backend of regional_compile: inductor, or aot_eager / "
                                               "eager (tracing only, no code generation)."})
@@ -106,7 +106,7 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False, metadata={"help": "FP8 matmuls in the decoder layers' linears (torchao float8 training; the "
                                          "weights, gradients and optimizer keep their dtypes). Needs "
                                          "regional_compile and torchao; on a GPU, FP8 tensor cores (compute "
-                                         "capability 8.9+); emulated on CPU. See hf_zero3/run/fp8.py."})
+                                         "capability 8.9+); emulated on CPU. See hf_zero3/model/fp8.py."})
     fp8_recipe: str = field(
         default="tensorwise", metadata={"help": "torchao's float8 scaling with fp8: tensorwise (fastest), rowwise, "
                                                 "rowwise_with_gw_hp (most accurate)."})
@@ -117,7 +117,7 @@ class TrainingArguments(transformers.TrainingArguments):
         default=DEFAULT_SIGNALS, metadata={"help": "Comma-separated signals a scheduler sends before it kills the job "
                                                    "(SLURM --signal, spot VMs): on one, every rank finishes its step, "
                                                    "a checkpoint is saved and the run exits with code "
-                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/run/preemption.py."})
+                                                   f"{PREEMPTED_EXIT}; none: off. See hf_zero3/job/preemption.py."})
     sequence_parallel_size: int = field(
         default=1, metadata={"help": "Ulysses sequence parallelism: each sequence split over this many ranks "
                                      "(DeepSpeed's, through the stock ParallelismConfig); the data-parallel size is "

@@ -221,7 +221,7 @@ def release_engine(trainer) -> None:
 
 def restore_torch_linear() -> None:
     """Give torch.nn.functional.linear back once a ZeRO-3 run is over: `zero.Init` replaces it with DeepSpeed's
-    `zero3_linear_wrap` (and the run with `run.zero3_linear`) for the rest of the process ("this will persist unless
+    `zero3_linear_wrap` (and the run with `model.zero3_linear`) for the rest of the process ("this will persist unless
     manually reset"), a function for partitioned weights that a later model in the same process (a notebook, a
     second `main`) without ZeRO-3 should not run through."""
     init = sys.modules.get("deepspeed.runtime.zero.partition_parameters")

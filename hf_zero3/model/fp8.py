@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hf_zero3.callbacks.partial_checkpointing import checkpointing_layers
+from hf_zero3.model.layers import checkpointing_layers
 from hf_zero3.plan.experts import expert_count
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")

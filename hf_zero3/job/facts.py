@@ -92,7 +92,7 @@ class RunFacts:
     def from_values(cls, values: Mapping[str, Any]) -> RunFacts:
         """From `load_arguments`' dict (YAML + overrides, coerced); what it leaves out takes the dataclass default."""
         # transformers' TrainingArguments takes seconds to import: the model card and the launcher ask facts without it
-        from hf_zero3.run.arguments import TrainingArguments
+        from hf_zero3.job.arguments import TrainingArguments
 
         defaults = {f.name: f.default for cls in (DataArguments, TrainingArguments) for f in dataclasses.fields(cls)}
 

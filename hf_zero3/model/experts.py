@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from hf_zero3.job.facts import ds_config_of
 from hf_zero3.plan.experts import leaf_modules
-from hf_zero3.run.facts import ds_config_of
 
 
 def set_leaf_modules(model, requested: list[str] | None, training_args) -> str | None:
