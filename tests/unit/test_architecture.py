@@ -218,7 +218,7 @@ def test_the_doc_shows_these_layers():
 def test_every_module_and_folder_the_doc_names_exists():
     text = DOC.read_text()
     named = set(re.findall(r"`(hf_zero3/[\w/]+(?:\.py)?)`", text))
-    for folder, section in re.findall(r"^### `(hf_zero3/\w+/)`\n(.*?)(?=^#|\Z)", text, re.M | re.S):
+    for folder, section in re.findall(r"^### `(hf_zero3/\w+/)`\n(.*?)(?=^#|\Z)", text, re.MULTILINE | re.DOTALL):
         items = "\n".join(line for line in section.splitlines() if line.startswith("- "))
         named |= {folder + name for name in re.findall(r"`(\w+\.py)`", items)}
     named |= {m.replace(".", "/") for m in re.findall(r"`(hf_zero3\.[\w.]+)`", text)}
