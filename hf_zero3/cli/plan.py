@@ -142,13 +142,14 @@ def main(args: argparse.Namespace) -> int:
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
         adapter = _adapter(args, shape)
+        preference = preference_of(args.stage, lora=adapter is not None, precompute=args.precompute_ref)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter,
-                        preference=preference_of(args.stage, lora=adapter is not None, precompute=args.precompute_ref))
+                        preference=preference)
         length = None if choice.fits else plan_length(
             shape, hardware, seq_len, precision=args.precision, attention=args.attention, liger=liger,
-            adapter=adapter, load_bytes=4 if args.from_scratch else None)
+            adapter=adapter, load_bytes=4 if args.from_scratch else None, preference=preference)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
