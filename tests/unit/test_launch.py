@@ -180,7 +180,7 @@ def test_several_nodes_need_the_launchers_backend_on_this_node(hosts, tmp_path):
 
 def test_not_a_recipe_folder(tmp_path):
     text = problems({}, recipe=tmp_path)
-    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-lora, 7b, 8b, qwen3-30b-a3b, tiny)" in text
+    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-dpo-lora, 70b-lora, 7b, 8b, 8b-dpo, qwen3-30b-a3b, tiny)" in text
 
 
 def test_main_prints_every_problem_and_launches_nothing(capsys, tmp_path):

@@ -97,7 +97,7 @@ def test_a_recipe_name_means_the_model_its_yaml_names(tmp_path, monkeypatch):
 
 
 def test_unknown_name_lists_what_is_accepted():
-    with pytest.raises(ModelError, match=r"unknown model '70B-chat'.*13b, .*70b, 70b-lora, 7b, 8b, qwen3-30b-a3b, tiny.*hub id"):
+    with pytest.raises(ModelError, match=r"unknown model '70B-chat'.*13b, .*70b, 70b-dpo-lora, 70b-lora, 7b, 8b, 8b-dpo, qwen3-30b-a3b, tiny.*hub id"):
         load_shape("70B-chat")
     with pytest.raises(ModelError, match="unknown model"):
         load_shape("./missing/folder")

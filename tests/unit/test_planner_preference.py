@@ -104,3 +104,17 @@ def test_plan_stage_dpo_plans_length_for_pairs(capsys):
     dpo = chosen(capsys.readouterr().out)
     assert sft[0].endswith("fits: ZeRO-3 + offload optimizer (cpu, ratio 0.3) + checkpointing + activation offload")
     assert dpo[0].endswith("fits: ZeRO-3 + offload optimizer (cpu) + checkpointing + activation offload"), dpo
+
+
+def test_plan_of_a_preference_recipe_plans_its_stage_unless_told_otherwise(capsys):
+    """`plan --model 70b-dpo-lora` plans the recipe's `stage: dpo` (pairs; LoRA: no second model), as its adapter."""
+    base = ["plan", "--model", "70b-dpo-lora", "--hardware", "dgx-a100-80", "--headroom", "0.1", "--global-batch", "64",
+            "--seq-len", "2048", "--no-liger", "--json"]
+    main(base)
+    recipe = json.loads(capsys.readouterr().out)
+    main([*base, "--stage", "sft"])
+    sft = json.loads(capsys.readouterr().out)
+    pairs = lambda answer: any("chosen and rejected in one forward" in n for n in answer["breakdown_of"]["notes"])
+    assert pairs(recipe) and not pairs(sft)
+    assert not any("reference model" in t["name"] for t in recipe["breakdown"]["gpu"])
+    assert (recipe["choice"]["micro_batch"], sft["choice"]["micro_batch"]) == (4, 8)  # a pair is two sequences
