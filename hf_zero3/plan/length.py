@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hf_zero3.plan.choose import Choice, choose
 from hf_zero3.plan.memory import LOGITS_BYTES_PER_VOCAB, element_bytes, layer_activation_bytes
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.types import Adapter, Hardware, describe
+from hf_zero3.plan.types import Adapter, Hardware, Preference, describe
 
 SP_ATTENTIONS = ("sdpa", "flash_attention_2")
 """Attention kernels Ulysses wraps (eager keeps a full-length mask it cannot shard)."""
@@ -78,14 +78,14 @@ class LengthPlan:
 
 def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precision: str = "bf16",
                 attention: str = "sdpa", liger: bool = False, adapter: Adapter | None = None,
-                load_bytes: int | None = None) -> LengthPlan:
+                load_bytes: int | None = None, preference: Preference | None = None) -> LengthPlan:
     """The least sequence parallelism (least all-to-all traffic), untiled before tiled, that fits one sequence of
     `seq_len` per micro batch; or, when nothing does, what came closest and why."""
     tried = []
     for sp in degrees(shape, hardware, seq_len, attention):
         for tiled in (False, True):
             choice = choose(shape, hardware, seq_len // sp, micro_batch=1, precision=precision, attention=attention,
-                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes)
+                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, preference=preference)
             if choice.fits:  # the run's arguments: tiling in place of the Liger that stood in for it in the plan
                 args = {k: v for k, v in choice.training_args.items() if k != "use_liger_kernel" or liger}
                 choice = dataclasses.replace(choice, training_args={

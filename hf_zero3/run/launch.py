@@ -170,18 +170,21 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
             detect_hardware(nodes=launch.nodes, gpus_per_node=launch.gpus, gpu_mem=sizes["GPU_MEM"],
                             host_ram=sizes["HOST_RAM"]), config, target, headroom)
         lora_adapter = _lora_adapter(shape, values)
+        preference = facts.preference(lora=lora_adapter is not None)  # a preference stage: its pairs and reference
         best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
                              micro_batch=micro, precision=facts.precision, attention=facts.attention,
-                             load_bytes=load_bytes, liger=facts.liger, adapter=lora_adapter)
+                             load_bytes=load_bytes, liger=facts.liger, adapter=lora_adapter, preference=preference)
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
         return 1
     print(f"plan      {recipe.name if own else model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}, "
           f"{facts.describe(launch.world_size)}, {facts.precision}, {facts.attention}"
-          + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "") + "\n")
+          + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "")
+          + (f", stage {facts.stage}" + (" (reference log-probs precomputed)" if facts.precompute_ref else "")
+             if facts.stage != "sft" else "") + "\n")
     print_choice(shape, hardware, seq, best_choice)
     rc = 0 if best_choice.fits else 1
-    training = Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, lora_adapter)
+    training = Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, lora_adapter, preference)
     return max(rc, _measure_recipe(shape, hardware, training, facts.spec(config), best_choice.plan, recipe))
 
 

@@ -18,7 +18,10 @@ from tests.conftest import ROOT, explain, losses, make, plan_line, run
 
 pytestmark = pytest.mark.integration
 
-RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir())
+RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir()
+                 and yaml.safe_load((p / "train_args.yaml").read_text()).get("stage", "sft") == "sft")
+"""The recipes trained here on text; a preference recipe (pairs) runs in tests/integration/test_preference.py, in the
+run that tests its stage, rather than in a 2-rank run of its own."""
 SMALL = {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "head_dim": 16, "vocab": 1024}
 """The shrunk size; kv heads keep the recipe's kind of attention (grouped-query or not)."""
 SWAPPED = {**SMALL, "hidden": 512, "ffn": 1024, "head_dim": 128}
@@ -253,7 +256,7 @@ def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target
 def test_make_names_the_recipes_when_one_is_missing():
     proc = make("train-99b")
     assert proc.returncode != 0
-    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 70b-lora 7b 8b qwen3-30b-a3b tiny)" in proc.stderr
+    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 70b-dpo-lora 70b-lora 7b 8b 8b-dpo qwen3-30b-a3b tiny)" in proc.stderr
 
 
 def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():

@@ -180,7 +180,7 @@ def test_several_nodes_need_the_launchers_backend_on_this_node(hosts, tmp_path):
 
 def test_not_a_recipe_folder(tmp_path):
     text = problems({}, recipe=tmp_path)
-    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-lora, 7b, 8b, qwen3-30b-a3b, tiny)" in text
+    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-dpo-lora, 70b-lora, 7b, 8b, 8b-dpo, qwen3-30b-a3b, tiny)" in text
 
 
 def test_main_prints_every_problem_and_launches_nothing(capsys, tmp_path):
@@ -282,3 +282,25 @@ def test_slurm_node_lists_and_the_slurm_launcher_are_refused_with_what_works(hos
            'HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)' in text.splitlines()
     assert "starts one srun task per rank" in problems({"HOSTFILE": str(hosts), "LAUNCHER": "slurm"}) and \
         "scripts/slurm/train.sbatch" in problems({"HOSTFILE": str(hosts), "LAUNCHER": "slurm"})
+
+
+def test_dry_run_plans_the_stage_of_the_yaml_or_command_line_not_sft(capsys):
+    """`stage: dpo` reaches the planner: chosen and rejected in one forward and the reference model's partition (none
+    with precomputed log-probs), in the planner's choice and in the recipe's own plan."""
+    argv = ["--target", "1x1x141GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "1",
+            "--gradient_accumulation_steps", "4", "--gradient_checkpointing", "true", "--use_liger_kernel", "false"]
+    env = {"DRY_RUN": "1", "HOST_RAM": "125GiB"}
+    gpu = lambda out: float(plan_line(out, "recipe").split(" GB per GPU")[0].split(": ")[-1])
+    main(argv, env)
+    sft = capsys.readouterr().out
+    main([*argv, "--stage", "dpo"], env)
+    dpo = capsys.readouterr().out
+    main([*argv, "--stage", "dpo", "--stage_args", '{"precompute_ref_log_probs": true}'], env)
+    precomputed = capsys.readouterr().out
+    assert "stage" not in plan_line(sft, "plan") and "reference model" not in sft
+    assert plan_line(dpo, "plan").endswith(", stage dpo")
+    assert "reference model, 16-bit (dpo)" in dpo and "chosen and rejected in one forward" in dpo
+    assert plan_line(precomputed, "plan").endswith(", stage dpo (reference log-probs precomputed)")
+    assert "reference model, 16-bit" not in precomputed and "chosen and rejected in one forward" in precomputed
+    reference = 2 * 8.03  # GB: the 16-bit reference on one GPU
+    assert gpu(dpo) - gpu(precomputed) > reference > 0 and gpu(precomputed) > gpu(sft)
