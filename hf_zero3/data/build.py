@@ -1,6 +1,7 @@
 """From `DataArguments` to the train and eval datasets the Trainer batches, and how to batch them.
 
-Raw text alone keeps the pre-training layout: documents joined with EOS, cut into full blocks, every token trained.
+Raw text alone keeps the pre-training layout: documents joined with EOS, cut into full blocks by TRL's wrapped
+packing, every token trained.
 As soon as a source is chat or prompt/completion, every source becomes examples ({input_ids, labels}): rendered,
 masked, checked against block_size (dropped or truncated, and counted) and mixed by weight or count. TRL's
 `SFTTrainer` takes them from there: it packs them best-fit into block_size rows (or pads one per row) and batches
@@ -21,12 +22,8 @@ from hf_zero3.data.errors import DataError
 from hf_zero3.data.formats import (ALPACA, ROLES, alpaca_row, as_messages, detect, messages_column_of, row_problems,
                                    tools_of)
 from hf_zero3.data.loading import dataset_problem, file_problem, load_file, load_hub, load_source
-from hf_zero3.data.packing import text_blocks
 from hf_zero3.data.tokenize import IGNORE, NotPrefixError, Tokenizer, chat_template_of
 from hf_zero3.parsing import ParseError
-
-PACK_BATCH_SIZE = 1000
-"""Raw-text documents joined per map batch; each batch drops its own remainder (< block_size tokens)."""
 
 BLOCKS, PACKED, PADDED = "blocks", "packed", "padded"
 """How the train data is batched: full raw-text blocks, packed examples with position_ids, one example per row."""
@@ -124,13 +121,13 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
         for k, row in enumerate(indices):
             try:
                 if fmt == "chat":
-                    examples = tok.chat_examples(batch[chat_column][k], _tools(tools[k]))
+                    examples = tok.chat_examples(batch[chat_column][k], tools_of(tools[k]))
                 elif fmt == "alpaca":
                     examples = [tok.prompt_completion(*alpaca_row(batch[ALPACA[0]][k], batch.get(ALPACA[1], [None] * (
                         k + 1))[k], batch[ALPACA[2]][k], conversational=bool(tok.template)))]
                 elif fmt == "prompt_completion":
                     examples = [tok.prompt_completion(batch[source.prompt_column][k],
-                                                      batch[source.completion_column][k], _tools(tools[k]))]
+                                                      batch[source.completion_column][k], tools_of(tools[k]))]
                 else:
                     text = batch[source.text_column][k]
                     examples = tok.document(text, block_size) if text and not text.isspace() else []
@@ -151,11 +148,6 @@ def _examples_fn(tok: Tokenizer, source: DataSource, fmt: str, columns: list[str
         return out
 
     return to_examples
-
-
-def _tools(value):
-    """A `tools` column holds JSON schemas, as objects or as a JSON string (TRL's convention)."""
-    return tools_of(value)
 
 
 def _fit(examples: datasets.Dataset, data_args: DataArguments, label: str, map_args: dict) -> tuple[
@@ -216,7 +208,7 @@ def _end_of_turn_note(tok: Tokenizer, sources) -> list[str]:
     for source, fmt, rows in sources:
         if fmt == "chat" and tok.use_markers and not tok.train_on_inputs:
             column = messages_column_of(rows.column_names, source)
-            tok.chat(rows[0][column], _tools(rows[0].get("tools")))
+            tok.chat(rows[0][column], tools_of(rows[0].get("tools")))
             break
     if tok.end_of_turn_outside is None:
         return []
@@ -329,9 +321,15 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
         splits["validation"] = tokenized(validation[0], validation[2], "validation")
     elif held_out is not None:
         splits["validation"] = held_out
-    blocks = {name: docs.map(text_blocks, batched=True, batch_size=PACK_BATCH_SIZE, fn_kwargs={"block_size": block},
-                             desc=f"pack {name} into {block}-token blocks", **map_args)
-              for name, docs in splits.items()}
+    from trl import pack_dataset  # TRL takes seconds: only once the data is in
+
+    def full_blocks(docs, name):
+        """TRL's wrapped packing: the documents of each 1000 joined and cut into blocks; each remainder dropped."""
+        wrapped = pack_dataset(docs, block, "wrapped", {"desc": f"pack {name} into {block}-token blocks", **map_args})
+        return wrapped.filter(lambda b: [len(x) == block for x in b["input_ids"]], batched=True, **map_args).map(
+            lambda b: {"labels": b["input_ids"]}, batched=True, **map_args)
+
+    blocks = {name: full_blocks(docs, name) for name, docs in splits.items()}
     for name, ds in blocks.items():
         if len(ds) == 0:
             # An all-empty map output keeps its input schema (datasets quirk), so count rows first.

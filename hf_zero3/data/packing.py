@@ -5,13 +5,11 @@ its collator flattens a micro batch into one row whose `position_ids` restart at
 attention mask. transformers turns those position_ids into attention that never crosses an example: flash-attention
 kernels run varlen; SDPA, eager and flex attention get a block-diagonal causal mask from `masking_utils`. A model
 that builds its mask another way (or keeps a recurrent state) would mix the examples of a row: `packing_problem`
-finds that before training starts. Raw text keeps the pre-training layout: documents joined with EOS and cut into
-full blocks, every token trained."""
+finds that before training starts."""
 
 from __future__ import annotations
 
 import sys
-from itertools import chain
 
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_masks_for_generate")
 """transformers.masking_utils functions that honour packed position_ids."""
@@ -39,10 +37,3 @@ def packing_problem(model_class: type, attention: str) -> str | None:
             "not build its attention mask from position_ids, so they would attend to each other (or share a "
             "recurrent state): set packing false (one example per row, padded)")
 
-
-def text_blocks(batch: dict, block_size: int) -> dict:
-    """`datasets.map` function: token streams joined and cut into full blocks; the remainder is dropped."""
-    flat = list(chain.from_iterable(batch["input_ids"]))
-    n = len(flat) // block_size * block_size
-    blocks = [flat[i: i + block_size] for i in range(0, n, block_size)]
-    return {"input_ids": blocks, "labels": [list(b) for b in blocks]}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 
 from hf_zero3.data.errors import DataError
 from hf_zero3.data.formats import as_messages
@@ -23,18 +22,11 @@ from hf_zero3.data.formats import as_messages
 IGNORE = -100
 """The label the loss skips (PyTorch's cross-entropy ignore_index, the Trainer's convention)."""
 
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 """Tokens that end an assistant's turn in today's templates; the model must be trained on them to learn to stop."""
 
 _PROBE = "\ufffc"
 """Put before an assistant turn's content to find where the rendering of that content starts."""
-
-
-def has_generation_markers(template: str) -> bool:
-    return bool(_GENERATION.search(template))
 
 
 def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) -> str:
@@ -57,29 +49,18 @@ def chat_template_of(tokenizer, chat_template: str | None, tokenizer_name: str) 
     return template
 
 
-def training_template(tokenizer, template: str) -> str | None:
-    """TRL's training version of a known template without `{% generation %}` markers (ChatML/Qwen2.5, Llama 3 and
-    3.1, Qwen3, Gemma, Phi, DeepSeek, ...: markers, and earlier turns rendered the same whatever follows); None
-    when TRL knows none."""
-    from trl.chat_template_utils import get_training_chat_template  # TRL takes seconds: only for chat data
-
-    probe = copy.copy(tokenizer)
-    probe.chat_template = template
-    try:
-        return get_training_chat_template(probe)
-    except ValueError:  # a template TRL has no training version of
-        return None
-
-
 class Tokenizer:
     """One tokenizer and chat template, turning rows of each format into {input_ids, labels}."""
 
     def __init__(self, tokenizer, template: str | None, *, train_on_inputs: bool, use_markers: bool | None = None):
+        from trl.chat_template_utils import has_generation_markers  # TRL takes seconds: only for chat data
+
         self.tok, self.template, self.train_on_inputs = tokenizer, template, train_on_inputs
         self.from_trl = False
-        """The template is TRL's training version of the one given."""
+        """The template is TRL's training version of the one given (ChatML/Qwen2.5, Llama 3 and 3.1, Qwen3, Gemma,
+        Phi, DeepSeek, ...: `get_training_chat_template` adds the markers to a known template without them)."""
         if use_markers is None and template and not has_generation_markers(template) and not train_on_inputs:
-            if trained := training_template(tokenizer, template):
+            if trained := _training_template(tokenizer, template):
                 self.template, self.from_trl = trained, True
         self.use_markers = bool(self.template) and has_generation_markers(self.template) if use_markers is None \
             else use_markers
@@ -196,14 +177,21 @@ class NotPrefixError(DataError):
     (`Tokenizer.chat_examples` then trains one example per assistant turn)."""
 
 
+def _training_template(tokenizer, template: str) -> str | None:
+    """TRL's training version of `template`; None when TRL knows none."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    probe = copy.copy(tokenizer)
+    probe.chat_template = template
+    try:
+        return get_training_chat_template(probe)
+    except ValueError:  # a template TRL has no training version of
+        return None
+
+
 def _common_prefix(a, b) -> int:
     """How many leading items (tokens, or characters) two sequences share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 def _example(ids: list[int], labels: list[int]) -> dict:

@@ -208,30 +208,21 @@ def apply(model, config, training_args):
         raise ValueError(import_failure(e)) from e
 
 
-def trainable_params(model) -> int | None:
-    """The adapter's parameters of a peft model (ZeRO-3 counts partitioned parameters whole); None for another model."""
-    if not hasattr(model, "peft_config"):
-        return None
-    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
-
-
 def planned_adapter(model):
-    """The adapter of a peft model as the planner counts it (`plan.types.Adapter`): its parameters, rank, the layers
-    it adapts (the last name part of each module peft gave an adapter) and whether its dropout is on; None for
-    another model."""
-    params = trainable_params(model)
-    if params is None:
+    """The adapter of a peft model as the planner counts it (`plan.types.Adapter`): its parameters (peft's count,
+    ZeRO-3's partitioned ones whole), rank, the layers it adapts (the last name part of each module peft gave an
+    adapter) and whether its dropout is on; None for another model."""
+    if not hasattr(model, "peft_config"):
         return None
     config = model.peft_config["default"]
     adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
     targets = tuple(n for n in LINEAR_LAYERS if n in adapted)  # the layers the planner knows (PlanError if none)
-    return Adapter(params, config.r, targets, config.lora_dropout > 0)
+    return Adapter(model.get_nb_trainable_parameters()[0], config.r, targets, config.lora_dropout > 0)
 
 
 def describe(model) -> str:
     """One line: the adapter's size against the model's."""
-    trainable = trainable_params(model)
-    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    trainable, total = model.get_nb_trainable_parameters()
     config = model.peft_config["default"]
     targets = config.target_modules if isinstance(config.target_modules, str) else ", ".join(sorted(config.target_modules))
     return (f"hf_zero3: LoRA r {config.r}, alpha {config.lora_alpha:g}, dropout {config.lora_dropout:g} on {targets}: "

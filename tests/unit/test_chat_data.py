@@ -262,6 +262,31 @@ def test_packed_loss_and_gradients_equal_the_examples_run_one_by_one(tokenizer, 
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_on_cpu_trls_lm_head_scores_only_the_trained_positions(tokenizer, conversations, monkeypatch):
+    """TRL's chunked LM head, as SFTTrainer adds it, scores on CPU only the positions with a label (as TRL does on
+    GPUs; every position cost the tiny chat run a quarter of its step time), with the loss and gradients of the
+    model's own loss over the full logits."""
+    import trl.trainer.utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    from hf_zero3.run.sft import score_trained_positions_only
+
+    monkeypatch.setattr(trl.trainer.utils, "_use_triton", trl.trainer.utils._use_triton)  # TRL's own rule after
+
+    tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
+    batch = _packed_batch(tokenizer, [tok.chat(m) for m in conversations[:12]])
+    model = _tiny_model("sdpa")
+    own_loss, own_grads = _loss_and_grads(model, batch)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    score_trained_positions_only()
+    fused_loss, fused_grads = _loss_and_grads(model, {**batch, "fused_lm_head": True})
+    scored = model(**batch, fused_lm_head=True).log_probs.grad_fn
+    assert type(scored).__name__ == "MaskedScatterBackward0"  # the trained positions' scores, put in place
+    torch.testing.assert_close(fused_loss, own_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(fused_grads, own_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
 def test_packing_without_position_ids_would_cross_attend(tokenizer, conversations):
     """The check above can fail: the same packed row without position_ids (one long sequence) gives another loss."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)
