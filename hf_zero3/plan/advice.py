@@ -29,7 +29,7 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=same_batch,
                                      precision=spec.precision, attention=training.attention, liger=training.liger,
                                      load_bytes=training.load_bytes, adapter=training.adapter,
-                                     preference=training.preference)
+                                     preference=training.preference, trainer=training.trainer)
                if _at_least_as_frugal(p, current, host) and need(p) < need(current)]
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
@@ -37,7 +37,7 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     if nxt is None:
         choice = choose(shape, hardware, training.seq_len, precision=spec.precision, attention=training.attention,
                         liger=training.liger, load_bytes=training.load_bytes, adapter=training.adapter,
-                        preference=training.preference)
+                        preference=training.preference, trainer=training.trainer)
         return f"{head} No more frugal option is predicted to fit. {choice.advice}".strip()
     return (f"{head} Next step (predicted {gb(need(nxt))}: {nxt.label}, micro batch {nxt.training.micro_batch}): "
             f"{_how(current, nxt, ds_config_path)}")

@@ -224,17 +224,20 @@ def test_bad_target_is_refused(text):
 
 
 def test_dry_run_plans_with_liger_when_the_run_uses_it(capsys):
-    """`use_liger_kernel: true` (YAML or override) reaches the memory plan: no fp32 logits, smaller layers."""
+    """`use_liger_kernel: true` (YAML or override) reaches the memory plan: smaller layers; the loss is TRL's fused
+    LM head either way (SFTTrainer turns Liger's fused cross-entropy off)."""
     argv = ["--target", "1x2x140GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "3"]
     main([*argv, "--use_liger_kernel", "false"], {"DRY_RUN": "1"})
     plain = capsys.readouterr().out
     main([*argv, "--use_liger_kernel", "true"], {"DRY_RUN": "1"})
     liger = capsys.readouterr().out
-    assert "Liger" not in plan_line(plain, "plan") and "fused linear cross-entropy (Liger)" not in plain
-    assert ", Liger" in plan_line(liger, "plan") and "fused linear cross-entropy (Liger)" in liger
+    assert "Liger" not in plan_line(plain, "plan") and ", Liger" in plan_line(liger, "plan")
+    for out in (plain, liger):
+        assert "fused LM head + loss (TRL, in tiles)" in out and "fused linear cross-entropy (Liger)" not in out
+        assert "logits + loss (fp32 cross-entropy)" not in out
     gpu = lambda out: float(plan_line(out, "recipe").removeprefix("8b: ").split(" GB per GPU")[0].split(": ")[-1])
-    assert gpu(plain) - gpu(liger) > 30
+    assert gpu(plain) - gpu(liger) > 15  # Liger's norms and SwiGLU (the plain plan fits only tightly: less margin)
 
 
 def test_dry_run_on_one_gpu_says_the_planner_keeps_every_parameter_whole(capsys, tmp_path):

@@ -125,10 +125,12 @@ def test_the_planner_reaches_a_length_with_tiling_on_one_gpu():
     from hf_zero3.plan.types import Hardware
     from hf_zero3.units import GB
 
-    shape = _llama8b()
-    one = plan_length(shape, Hardware(1, 1, 141 * GB, 2000 * GB), 131072)
+    shape, h200 = _llama8b(), Hardware(1, 1, 141 * GB, 2000 * GB)
+    # TRL's fused LM head never holds the logits (1.5 MB a token whole): 128K tokens fit untiled
+    assert (plan_length(shape, h200, 131072).best.sp, plan_length(shape, h200, 131072).best.tiled) == (1, False)
+    one = plan_length(shape, h200, 327680)
     assert one.best is not None and (one.best.sp, one.best.tiled) == (1, True)
-    assert not one.tried[0].choice.fits  # untiled, the logits alone are 1.5 MB a token
+    assert not one.tried[0].choice.fits  # untiled, the MLPs' intermediates do not fit
     assert one.best.choice.training_args["tiled_compute"] is True
     assert "use_liger_kernel" not in one.best.choice.training_args
     # on a node: test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit
@@ -149,8 +151,10 @@ def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
 
     shape = _llama8b()
     plain, tiled = per_token(shape, "bf16", "sdpa", False), per_token(shape, "bf16", "sdpa", True)
-    assert plain["layer"] - tiled["layer"] == 4 * 2 * shape.ffn and plain["logits"] == 12 * shape.vocab
-    assert tiled["logits"] == 0
+    # TRL's fused LM head, tiled or not: the fp32 input gradient, its cast, the kept input, a few vectors
+    assert plain["layer"] - tiled["layer"] == 4 * 2 * shape.ffn and plain["logits"] == tiled["logits"] == 8 * 4096 + 32
+    stock = per_token(shape, "bf16", "sdpa", False, trainer="transformers")  # a plain Trainer's whole logits
+    assert stock["logits"] == 12 * shape.vocab and per_token(shape, "bf16", "sdpa", True, "transformers")["logits"] == 0
     # q, k, v and the output: (2 x 4096 + 2 x 1024) x 2 B per token per layer, 7/8 of it to other ranks, fwd + bwd
     assert all_to_all_bytes(shape, 8192, 8, "bf16") == 2 * 32 * (1024 * 2 * 10240 * 7 // 8)
     assert all_to_all_bytes(shape, 8192, 1, "bf16") == 0
@@ -173,9 +177,9 @@ def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsy
     from hf_zero3.cli import main
 
     node = ["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu-mem", "80GB", "--host-ram", "2TB"]
-    assert main([*node, "--gpus", "2", "--seq-len", "262144"]) == 0
+    assert main([*node, "--gpus", "2", "--seq-len", "327680"]) == 0
     out = capsys.readouterr().out
-    assert "length    sequence_parallel_size 2, tiled_compute true (131072 tokens per rank), all-to-all" in out, out
+    assert "length    sequence_parallel_size 2, tiled_compute true (163840 tokens per rank), all-to-all" in out, out
     assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
     assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
     assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out

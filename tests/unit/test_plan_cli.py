@@ -41,7 +41,7 @@ def test_seed_command_table(capsys):
                                                "accumulation 1 x 8 GPUs")
     assert "needs 1,668.2 GB host RAM per node (not checked: pass --host-ram)" in out  # pinned blocks rounded up, the save's gather
     assert "host RAM not given" in out
-    for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "logits + loss (fp32 cross-entropy)",
+    for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "fused LM head + loss (TRL, in tiles)",
                  "CUDA context + NCCL buffers", "fp32 master weights + Adam m, v", "torch.cuda.max_memory_allocated"):
         assert term in out
     assert "--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}'" in out
