@@ -18,7 +18,7 @@ from hf_zero3.plan import lm_head
 from hf_zero3.plan.choose import Choice, choose
 from hf_zero3.plan.memory import LOGITS_BYTES_PER_VOCAB, element_bytes, layer_activation_bytes
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.types import Adapter, Hardware, describe
+from hf_zero3.plan.types import Adapter, Hardware, Training, describe
 
 SP_ATTENTIONS = ("sdpa", "flash_attention_2")
 """Attention kernels Ulysses wraps (eager keeps a full-length mask it cannot shard)."""
@@ -81,25 +81,43 @@ class LengthPlan:
     why_not: str = ""
 
 
+def per_rank(training: Training, sp: int, tiled: bool) -> Training:
+    """What one rank of a run with `sequence_parallel_size` sp and `tiled_compute` processes, as the memory model
+    plans it: seq/sp tokens of each sequence, tiling planned as Liger's SwiGLU and norms (it errs high)."""
+    return dataclasses.replace(training, seq_len=max(1, training.seq_len // max(sp, 1)), liger=training.liger or tiled)
+
+
+def with_run_args(choice: Choice, sp: int, tiled: bool, liger: bool) -> Choice:
+    """The choice's TrainingArguments for the run: tiling in place of the Liger that stood in for it in the plan,
+    and the sequence-parallel size."""
+    if not choice.fits:
+        return choice
+    args = {k: v for k, v in choice.training_args.items() if k != "use_liger_kernel" or liger}
+    return dataclasses.replace(choice, training_args={**args, **({"sequence_parallel_size": sp} if sp > 1 else {}),
+                                                      **({"tiled_compute": True} if tiled else {})})
+
+
 def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precision: str = "bf16",
                 attention: str = "sdpa", liger: bool = False, adapter: Adapter | None = None,
-                load_bytes: int | None = None, trainer: str = "trl") -> LengthPlan:
+                load_bytes: int | None = None, trainer: str = "trl",
+                beyond: tuple[int, bool] | None = None) -> LengthPlan:
     """The least sequence parallelism (least all-to-all traffic), untiled before tiled, that fits one sequence of
-    `seq_len` per micro batch; or, when nothing does, what came closest and why."""
+    `seq_len` per micro batch; or, when nothing does, what came closest and why. `beyond` (sp, tiled): only options
+    with at least as much of both, other than that one (the next step after a run of it ran out of memory)."""
     tried = []
     for sp in degrees(shape, hardware, seq_len, attention):
         for tiled in (False, True):
+            if beyond is not None and (sp < beyond[0] or tiled < beyond[1] or (sp, tiled) == beyond):
+                continue
             choice = choose(shape, hardware, seq_len // sp, micro_batch=1, precision=precision, attention=attention,
                             liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, trainer=trainer)
-            if choice.fits:  # the run's arguments: tiling in place of the Liger that stood in for it in the plan
-                args = {k: v for k, v in choice.training_args.items() if k != "use_liger_kernel" or liger}
-                choice = dataclasses.replace(choice, training_args={
-                    **args, **({"sequence_parallel_size": sp} if sp > 1 else {}),
-                    **({"tiled_compute": True} if tiled else {})})
+            choice = with_run_args(choice, sp, tiled, liger)
             option = LengthOption(sp, tiled, choice, all_to_all_bytes(shape, seq_len, sp, precision))
             tried.append(option)
             if choice.fits:
                 return LengthPlan(seq_len, tuple(tried), option)
+    if not tried:
+        return LengthPlan(seq_len, (), None, f"no larger sequence_parallel_size or tiling to try for {seq_len} tokens")
     last = tried[-1]
     closest = min((p for o in tried for p in o.choice.tried), key=lambda p: p.gpu_bytes, default=None)
     why = (f"nothing fits {seq_len} tokens on {hardware.world_size} GPU(s): the most that was tried ({last.label}) "

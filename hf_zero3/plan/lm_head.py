@@ -50,3 +50,10 @@ def fused_bytes(tokens: int, hidden: int, vocab: int, element: int, head_trains:
 def per_token_bytes(hidden: int, element: int) -> int:
     """Bytes a token adds to the fused LM head (the tile and the lm_head's gradient are fixed)."""
     return (4 + (element if element != 4 else 0) + element) * hidden + PER_TOKEN_BYTES
+
+
+def freed_per_token(held: int, tokens: int, hidden: int, element: int) -> int:
+    """The fused head's bytes, per token, that are freed before the layers' backward starts: all it holds but the
+    input gradient in the training precision, which goes on into the layers (backward's working set counts only what
+    it needs beyond them, as it does with the whole logits)."""
+    return max(0, held - (element if element != 4 else 0) * tokens * hidden) // tokens

@@ -364,7 +364,7 @@ def loss_terms(x: Breakdown) -> int:
     if lm_head.fused(x.training):  # trl.trainer.utils.add_fused_lm_head: tiles, recomputed in backward
         held, formula = lm_head.fused_bytes(t, H, vocab, b, head_trains=not x.lora)
         x.add("gpu", "fused LM head + loss (TRL, in tiles)", held, formula, "activation", phase="backward")
-        return 0
+        return lm_head.freed_per_token(held, t, H, b)  # gone before the layers' backward, as the logits are
     if x.training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
         chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(vocab / H)) - 1).bit_length())
         head = 0 if x.lora else b * vocab * H  # a frozen lm_head gets no gradient

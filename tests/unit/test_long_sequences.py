@@ -210,3 +210,51 @@ def test_train_refuses_a_bad_sequence_parallel_run_before_start_naming_each_fix(
     error_naming(err, "block_size 127", "multiple of 2")
     error_naming(err, "attn_implementation eager", "set attn_implementation sdpa")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequence_parallelism():
+    from hf_zero3.config.presets import STANDALONE_CONFIGS
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.advice import oom_advice
+    from hf_zero3.plan.length import per_rank
+    from hf_zero3.plan.memory import plan
+    from hf_zero3.plan.types import Hardware, Training
+    from hf_zero3.units import GB, gb
+
+    shape, long = _llama8b(), Training(327680)
+    frugal = ZeroSpec(**{**STANDALONE_CONFIGS["zero3_offload_optimizer"].model_dump(exclude_unset=True),
+                         "activation_checkpointing": True, "activation_offload": True})
+    one = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), long, frugal)
+    assert "The sequence (327680 tokens) is what does not fit" in one and "--tiled_compute true" in one
+    assert "--sequence_parallel_size" not in one
+    two = oom_advice(shape, Hardware(1, 2, 80 * GB, 2000 * GB), long, ZeroSpec(stage=3, activation_checkpointing=True))
+    assert "--sequence_parallel_size 2; --tiled_compute true" in two and "2x the accumulation" in two
+    # a run with sequence parallelism is planned at its share of each sequence, and only more of it is offered
+    node = Hardware(1, 2, 80 * GB, 2000 * GB)
+    shared = oom_advice(shape, node, long, frugal, sequence_parallel=2)
+    assert f"Planned for this run: {gb(plan(shape, node, per_rank(long, 2, False), frugal).gpu_bytes)}" in shared
+    assert "--tiled_compute true" in shared and "--sequence_parallel_size" not in shared
+
+
+def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from hf_zero3.config.build import build_ds_config
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.types import Hardware
+    from hf_zero3.run.oom import oom_advice_for_run
+    from hf_zero3.units import GB
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256)
+    args = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(config=build_ds_config(ZeroSpec(stage=3))),
+                           deepspeed="ds.json", bf16=True, fp16=False, gradient_checkpointing=True, world_size=2,
+                           per_device_train_batch_size=1, gradient_accumulation_steps=1)
+    node = Hardware(1, 2, 80 * GB, 2000 * GB)
+    plain = oom_advice_for_run(config, args, 65536, hardware=node)
+    shared = oom_advice_for_run(config, SimpleNamespace(**vars(args), sequence_parallel_size=2, tiled_compute=True),
+                                65536, hardware=node)
+    planned = lambda text: float(text.split("Planned for this run: ")[1].split(" GB")[0].replace(",", ""))
+    assert planned(plain) - planned(shared) > 25  # one rank's 32768 tokens of checkpoints and recompute, MLPs tiled
