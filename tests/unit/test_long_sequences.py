@@ -97,16 +97,29 @@ def test_a_good_sequence_parallel_run_and_a_fixed_deepspeed_pass():
     assert sequence_parallel.reduce_scatter_problem(off, 2, deepspeed_version="0.19.8") is not None
 
 
-def test_the_collator_adds_positions_pads_to_the_group_and_drops_whole_sequence_boundaries():
-    def base(features):
-        return {"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.ones(2, 5, dtype=torch.long),
-                "cu_seq_lens_q": torch.tensor([0, 5]), "max_length_q": 5, "use_cache": False}
+def test_trls_collator_pads_to_the_group_and_ours_drops_whole_sequence_boundaries(tmp_path):
+    """Under sequence parallelism the run asks TRL's collator for lengths that divide by the group
+    (`pad_to_multiple_of`, with position_ids as SFTTrainer asks for them); ours drops flash attention's boundaries."""
+    import types
 
-    batch = sequence_parallel.ShardableCollator(base, 4, pad_token_id=3)([])
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from hf_zero3.job.arguments import TrainingArguments
+    from hf_zero3.run.sft import PackedRows, as_sft_config
+
+    data = types.SimpleNamespace(block_size=128, preprocessing_num_workers=None)
+    for sp, multiple in ((4, 4), (1, None)):
+        args = TrainingArguments(output_dir=str(tmp_path), sequence_parallel_size=sp, report_to=[], use_cpu=True)
+        assert as_sft_config(args, data, "padded").pad_to_multiple_of == multiple
+    trl = DataCollatorForLanguageModeling(pad_token_id=3, pad_to_multiple_of=4, return_position_ids=True)
+    batch = sequence_parallel.ShardableCollator(trl)([{"input_ids": [5, 6, 7, 8, 9]}, {"input_ids": [5, 6]}])
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (2, 8)
-    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # the padding is an example of its own
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0]  # padding: examples of their own
     assert batch["labels"][0, 5:].tolist() == [-100] * 3 and batch["input_ids"][0, 5:].tolist() == [3] * 3
-    assert "cu_seq_lens_q" not in batch and "max_length_q" not in batch and batch["use_cache"] is False
+    flat = DataCollatorForLanguageModeling(pad_token_id=3, pad_to_multiple_of=4, padding_free=True)
+    batch = sequence_parallel.ShardableCollator(flat)([{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6]}])
+    assert batch["input_ids"].shape == (1, 8) and not set(sequence_parallel.VARLEN_KEYS) & set(batch)
+    assert PackedRows(3, 4)([{"input_ids": [5, 6, 7], "seq_lengths": [2, 1]}])["input_ids"].shape == (1, 4)
 
 
 def test_the_packed_mask_is_causal_within_each_example_only():
