@@ -42,7 +42,7 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
             f"micro batch {training.micro_batch}).")
-    if nxt is None and not host:
+    if nxt is None and not host and whole.preference is None:  # sequence parallelism runs SFT only
         step = _length_step(shape, hardware, whole, current, (sequence_parallel, tiled), ds_config_path)
         if step:
             return f"{head} {step}"

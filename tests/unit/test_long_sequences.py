@@ -247,6 +247,10 @@ def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequen
     shared = oom_advice(shape, node, long, frugal, sequence_parallel=2)
     assert f"Planned for this run: {gb(plan(shape, node, per_rank(long, 2, False), frugal).gpu_bytes)}" in shared
     assert "--tiled_compute true" in shared and "--sequence_parallel_size" not in shared
+    from hf_zero3.plan.preference import preference_of
+
+    pairs = oom_advice(shape, node, Training(327680, preference=preference_of("dpo")), frugal)
+    assert "is what does not fit" not in pairs  # sequence parallelism runs SFT only
 
 
 def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monkeypatch):
