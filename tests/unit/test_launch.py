@@ -310,6 +310,7 @@ def test_dry_run_plans_one_ranks_share_under_sequence_parallelism_and_tiling(cap
     assert "seq 327680 (163840 per rank: sequence parallel 2)" in head and "tiled compute" in head
     assert "x 1 data-parallel ranks (2 ranks / sequence parallel 2) = global batch 1" in head
     assert "--sequence_parallel_size 2 --tiled_compute true" in plan_line(out, "TrainingArguments:")
+    assert plan_line(out, "choice").endswith("x 1 data-parallel ranks (2 GPUs / sequence parallel 2) = global batch 1")
     assert "length " not in out  # the run sets both: planned as set
     gpu = lambda text: float(plan_line(text, "recipe").split(": ")[2].split(" GB per GPU")[0].replace(",", ""))
     assert gpu(out) < 0.55 * gpu(alone)  # half the tokens per rank (and the MLPs tiled)
