@@ -41,16 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--lora-dropout", type=float, metavar="P", default=None,
                      help="the adapter's dropout (default: the recipe's peft: block's, else 0.05); each adapted "
                      "layer keeps its own dropped-out input when it is above 0")
-    run.add_argument("--stage", choices=("sft", "dpo", "orpo", "simpo", "kto"), default="sft",
+    run.add_argument("--stage", choices=("sft", "dpo", "orpo", "simpo", "kto"), default=None,
                      help="training method: dpo/orpo/simpo put chosen and rejected through one forward (twice the "
                      "activations per pair); dpo and kto keep a reference model (a second ZeRO-3 partition, none "
-                     "with LoRA or --precompute-ref)")
+                     "with LoRA or --precompute-ref); default: the stage of the recipe --model names, else sft")
     run.add_argument("--trainer", choices=("trl", "transformers"), default="trl",
                      help="whose loss: trl, the stage's TRL trainer as hf-zero3 train runs it (SFT, DPO, KTO: the "
                      "fused LM head, logits in tiles); transformers, your own Trainer script (the whole fp32 logits, "
                      "or Liger's fused linear cross-entropy)")
-    run.add_argument("--precompute-ref", action="store_true",
-                     help="the reference's log-probs are precomputed before training (no second model during it)")
+    run.add_argument("--precompute-ref", action="store_true", default=None,
+                     help="the reference's log-probs are precomputed before training (no second model during it); "
+                     "default: as the recipe --model names sets stage_args.precompute_ref_log_probs")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -130,12 +131,24 @@ def _adapter(args: argparse.Namespace, shape):
     return lora.planned(shape, block, args.lora_rank, args.lora_dropout)
 
 
+def _preference(args: argparse.Namespace, lora: bool):
+    """The stage to plan: `--stage`/`--precompute-ref`, else the recipe's `stage` and `stage_args` (None: SFT)."""
+    # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3 import recipes
+    from hf_zero3.plan.preference import preference_of
+
+    recipe = recipes.find(args.model) if args.model else None
+    values = recipe.values if recipe is not None else {}
+    precompute = (values.get("stage_args") or {}).get("precompute_ref_log_probs")
+    return preference_of(args.stage or values.get("stage") or "sft", lora=lora,
+                         precompute=bool(args.precompute_ref if args.precompute_ref is not None else precompute))
+
+
 def main(args: argparse.Namespace) -> int:
     """Run `hf-zero3 plan`; returns the exit status."""
     # imported when the verb runs: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.choose import choose
     from hf_zero3.plan.length import length_json, plan_length, report_lines
-    from hf_zero3.plan.preference import preference_of
     from hf_zero3.plan.report import answer_json, cost_lines, print_choice
     from hf_zero3.plan.shapes import ModelError
     from hf_zero3.plan.types import PlanError
@@ -146,14 +159,15 @@ def main(args: argparse.Namespace) -> int:
         seq_len = args.seq_len or min(4096, shape.max_positions)
         liger, liger_why = _liger(args.liger)
         adapter = _adapter(args, shape)
+        preference = _preference(args, lora=adapter is not None)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter,
-                        preference=preference_of(args.stage, lora=adapter is not None, precompute=args.precompute_ref),
-                        trainer=args.trainer)
+                        preference=preference, trainer=args.trainer)
         length = None if choice.fits else plan_length(
             shape, hardware, seq_len, precision=args.precision, attention=args.attention, liger=liger,
-            adapter=adapter, load_bytes=4 if args.from_scratch else None, trainer=args.trainer)
+            adapter=adapter, load_bytes=4 if args.from_scratch else None, preference=preference,
+            trainer=args.trainer)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

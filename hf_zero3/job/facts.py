@@ -19,7 +19,8 @@ from hf_zero3.config import batch
 from hf_zero3.config.convert import asks_activation_offload, spec_from_ds_config
 from hf_zero3.config.spec import ZeroSpec
 from hf_zero3.data.arguments import DataArguments
-from hf_zero3.plan.types import ATTENTIONS
+from hf_zero3.plan.preference import preference_of
+from hf_zero3.plan.types import ATTENTIONS, Preference
 
 
 def planned_attention(name: str | None) -> str:
@@ -59,6 +60,15 @@ class RunFacts:
     """`sequence_parallel_size`: ranks that share each sequence (Ulysses); the data-parallel size is world / this."""
     tiled_compute: bool = False
     """`tiled_compute`: the decoder MLPs in tiles along the sequence."""
+    stage: str = "sft"
+    """`stage`: sft, or the preference stage whose pairs and reference model the planner counts."""
+    precompute_ref: bool = False
+    """`stage_args.precompute_ref_log_probs`: the reference's log-probs computed before training (no second model)."""
+
+    def preference(self, lora: bool) -> Preference | None:
+        """What the stage adds to a step, as the planner counts it (None for SFT); `lora`: the run trains an
+        adapter, so its reference is the base with the adapter off."""
+        return preference_of(self.stage, lora=lora, precompute=self.precompute_ref)
 
     def checkpointing(self, activation_offload: bool) -> dict[str, Any]:
         """The spec fields for this run's checkpointing (`ZeroSpec`); with activation offload the planner models
@@ -100,6 +110,7 @@ class RunFacts:
             return values.get(key, defaults.get(key))
 
         offload = get("activation_offload")
+        stage_args = values.get("stage_args") or {}
         return cls(precision=precision_of(get("bf16"), get("fp16")),
                    attention=planned_attention(values.get("attn_implementation")),
                    micro_batch=int(get("per_device_train_batch_size")),
@@ -109,13 +120,15 @@ class RunFacts:
                    activation_checkpointing=bool(get("gradient_checkpointing")),
                    liger=bool(get("use_liger_kernel")), activation_offload=None if offload is None else bool(offload),
                    checkpointed_layers=get("gradient_checkpointing_layers"),
-                   sequence_parallel=int(get("sequence_parallel_size")), tiled_compute=bool(get("tiled_compute")))
+                   sequence_parallel=int(get("sequence_parallel_size")), tiled_compute=bool(get("tiled_compute")),
+                   stage=get("stage") or "sft", precompute_ref=bool(stage_args.get("precompute_ref_log_probs")))
 
     @classmethod
     def from_args(cls, training_args: Any, seq_len: int, model_config: Any = None,
                   from_scratch: bool = False) -> RunFacts:
         """From parsed TrainingArguments (and the loaded model's config for the attention kernel it runs)."""
         offload = getattr(training_args, "activation_offload", None)
+        stage_args = getattr(training_args, "stage_args", None) or {}
         return cls(precision=precision_of(training_args.bf16, training_args.fp16),
                    attention=planned_attention(getattr(model_config, "_attn_implementation", None)),
                    micro_batch=training_args.per_device_train_batch_size,
@@ -126,7 +139,9 @@ class RunFacts:
                    activation_offload=None if offload is None else bool(offload),
                    checkpointed_layers=getattr(training_args, "gradient_checkpointing_layers", None),
                    sequence_parallel=getattr(training_args, "sequence_parallel_size", 1),
-                   tiled_compute=bool(getattr(training_args, "tiled_compute", False)))
+                   tiled_compute=bool(getattr(training_args, "tiled_compute", False)),
+                   stage=getattr(training_args, "stage", None) or "sft",
+                   precompute_ref=bool(stage_args.get("precompute_ref_log_probs")))
 
 
 def global_batch_of(training_args: Any) -> int:

@@ -42,7 +42,7 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
             f"micro batch {training.micro_batch}).")
-    if nxt is None and not host and whole.preference is None:  # sequence parallelism runs SFT only
+    if nxt is None and not host:  # a preference stage is offered tiling only (`length.plan_length`)
         step = _length_step(shape, hardware, whole, current, (sequence_parallel, tiled), ds_config_path)
         if step:
             return f"{head} {step}"
@@ -61,7 +61,8 @@ def _length_step(shape: ModelShape, hardware: Hardware, whole: Training, current
     does."""
     found = length.plan_length(shape, hardware, whole.seq_len, precision=current.spec.precision,
                                attention=whole.attention, liger=whole.liger, adapter=whole.adapter,
-                               load_bytes=whole.load_bytes, trainer=whole.trainer, beyond=now).best
+                               load_bytes=whole.load_bytes, preference=whole.preference, trainer=whole.trainer,
+                               beyond=now).best
     if found is None:
         return ""
     same_batch = dataclasses.replace(found.choice.plan, training=current.training)  # keep micro batch and accumulation

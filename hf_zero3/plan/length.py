@@ -18,7 +18,7 @@ from hf_zero3.plan import lm_head
 from hf_zero3.plan.choose import Choice, choose
 from hf_zero3.plan.memory import LOGITS_BYTES_PER_VOCAB, element_bytes, layer_activation_bytes
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.types import Adapter, Hardware, Training, describe
+from hf_zero3.plan.types import Adapter, Hardware, Preference, Training, describe
 
 SP_ATTENTIONS = ("sdpa", "flash_attention_2")
 """Attention kernels Ulysses wraps (eager keeps a full-length mask it cannot shard)."""
@@ -99,18 +99,20 @@ def with_run_args(choice: Choice, sp: int, tiled: bool, liger: bool) -> Choice:
 
 def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precision: str = "bf16",
                 attention: str = "sdpa", liger: bool = False, adapter: Adapter | None = None,
-                load_bytes: int | None = None, trainer: str = "trl",
+                load_bytes: int | None = None, preference: Preference | None = None, trainer: str = "trl",
                 beyond: tuple[int, bool] | None = None) -> LengthPlan:
     """The least sequence parallelism (least all-to-all traffic), untiled before tiled, that fits one sequence of
     `seq_len` per micro batch; or, when nothing does, what came closest and why. `beyond` (sp, tiled): only options
-    with at least as much of both, other than that one (the next step after a run of it ran out of memory)."""
-    tried = []
-    for sp in degrees(shape, hardware, seq_len, attention):
+    with at least as much of both, other than that one (the next step after a run of it ran out of memory). A
+    preference stage (`preference`) counts its pairs and reference, and is offered tiling only."""
+    tried = []  # sequence parallelism runs stage sft only (a preference trainer does not shard its pairs): tiling
+    for sp in degrees(shape, hardware, seq_len, attention) if preference is None else [1]:
         for tiled in (False, True):
             if beyond is not None and (sp < beyond[0] or tiled < beyond[1] or (sp, tiled) == beyond):
                 continue
             choice = choose(shape, hardware, seq_len // sp, micro_batch=1, precision=precision, attention=attention,
-                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, trainer=trainer)
+                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, preference=preference,
+                            trainer=trainer)
             choice = with_run_args(choice, sp, tiled, liger)
             option = LengthOption(sp, tiled, choice, all_to_all_bytes(shape, seq_len, sp, precision))
             tried.append(option)
@@ -120,10 +122,12 @@ def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precisio
         return LengthPlan(seq_len, (), None, f"no larger sequence_parallel_size or tiling to try for {seq_len} tokens")
     last = tried[-1]
     closest = min((p for o in tried for p in o.choice.tried), key=lambda p: p.gpu_bytes, default=None)
+    fix = ("more GPUs (a larger sequence_parallel_size) or a shorter sequence" if preference is None else
+           "a shorter sequence (sequence parallelism runs stage sft only)")
     why = (f"nothing fits {seq_len} tokens on {hardware.world_size} GPU(s): the most that was tried ({last.label}) "
            f"still needs {closest.gpu_bytes / 2**30:.1f} GiB of GPU memory at best ({describe(closest.spec)}), "
-           f"against {hardware.gpu_mem / 2**30:.1f} GiB; more GPUs (a larger sequence_parallel_size) or a shorter "
-           "sequence") if closest else f"nothing fits {seq_len} tokens: {last.choice.advice}"
+           f"against {hardware.gpu_mem / 2**30:.1f} GiB; {fix}") if closest else \
+        f"nothing fits {seq_len} tokens: {last.choice.advice}"
     return LengthPlan(seq_len, tuple(tried), None, why)
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from hf_zero3.plan.advice import oom_advice
 from hf_zero3.plan.hardware import detect_hardware, gpu_count, host_ram_bytes
-from hf_zero3.plan.preference import preference_of
 from hf_zero3.plan.shapes import shape_from_config
 from hf_zero3.plan.types import Adapter, Hardware, Training
 from hf_zero3.job.distributed import local_world_size
@@ -56,11 +55,8 @@ def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, h
     run's adapter, `Training.adapter`; the machines default to `this_machine`)."""
     facts = RunFacts.from_args(training_args, seq_len, model_config)
     spec = facts.spec(ds_config_of(training_args))
-    stage_args = getattr(training_args, "stage_args", None) or {}  # a preference stage: its pairs and reference
-    preference = preference_of(getattr(training_args, "stage", "sft"), lora=adapter is not None,
-                               precompute=bool(stage_args.get("precompute_ref_log_probs")))
     training = Training(seq_len, facts.micro_batch, facts.grad_accum, facts.attention, liger=facts.liger,
-                        adapter=adapter, preference=preference)
+                        adapter=adapter, preference=facts.preference(lora=adapter is not None))
     path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
     return oom_advice(shape_from_config(model_config), hardware or this_machine(training_args), training, spec,
                       host=host, ds_config_path=path, sequence_parallel=facts.sequence_parallel,

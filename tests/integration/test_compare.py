@@ -1,5 +1,5 @@
 """`hf-zero3 compare` on CPU, 2 ranks, fp32: the whole ladder trains the same model from the same weights on the
-same data, and every rung's loss matches DDP's within 1e-4 at each of 20 steps, with its memory recorded."""
+same data, and every rung's loss matches DDP's within 1e-4 at each of 12 steps, with its memory recorded."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.conftest import explain, run
 
 pytestmark = pytest.mark.integration
 
-STEPS = 20
+STEPS = 12
 
 
 TRAIN = ["--", "--per_device_train_batch_size", "4", "--block_size", "64", "--max_eval_samples", "4",
@@ -74,17 +74,17 @@ def test_the_ladder_matches_ddp_and_records_memory(ladder):
 
 
 def test_stop_after_runs_the_first_steps_of_the_full_schedule(ladder, tmp_path):
-    """`--stop-after 6` of a 20-step schedule: the rung logs 6 steps whose learning rates and losses are DDP's first 6
-    of 20 (the ladder's DDP rung, recorded), it counts as run, and the report says so."""
+    """`--stop-after 6` of a 12-step schedule: the rung logs 6 steps whose learning rates and losses are DDP's first 6
+    of 12 (the ladder's DDP rung, recorded), it counts as run, and the report says so."""
     ladder_out, work, _ = ladder
     out = tmp_path / "out"
     (out / "rungs").mkdir(parents=True)
-    for name in ("ddp.json", "ddp.jsonl"):  # DDP's full 20 steps: recorded, so not run again
+    for name in ("ddp.json", "ddp.jsonl"):  # DDP's full schedule: recorded, so not run again
         shutil.copy(ladder_out / "rungs" / name, out / "rungs" / name)
     short = run(["python", "-m", "hf_zero3", "compare", "tiny", "--rungs", "zero3", "--stop-after", "6", "--steps",
-                 "20", "--warmup", "2", "--out", out, "--work-dir", work, *TRAIN], timeout=600)
+                 str(STEPS), "--warmup", "2", "--out", out, "--work-dir", work, *TRAIN], timeout=600)
     assert short.returncode == 0, explain(short)
-    assert re.search(r"compare zero3: stopped after \d+ of 20 steps, as asked", short.stderr), short.stderr[-2000:]
+    assert re.search(rf"compare zero3: stopped after \d+ of {STEPS} steps, as asked", short.stderr), short.stderr[-2000:]
 
     def steps(name):
         return [json.loads(line) for line in (out / "rungs" / f"{name}.jsonl").read_text().splitlines()
@@ -96,5 +96,5 @@ def test_stop_after_runs_the_first_steps_of_the_full_schedule(ladder, tmp_path):
     assert ddp[1]["learning_rate"] < ddp[0]["learning_rate"]  # the cosine decays from step 1: the check can fail
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(zero3, ddp)) < 1e-4
     summary = json.loads((out / "rungs" / "zero3.json").read_text())
-    assert summary["steps"] == 6 and summary["schedule_steps"] == 20 and "error" not in summary
-    assert "| zero3 (first 6 of the 20-step schedule: Δloss over those) |" in (out / "seed_claims_tiny.md").read_text()
+    assert summary["steps"] == 6 and summary["schedule_steps"] == STEPS and "error" not in summary
+    assert f"| zero3 (first 6 of the {STEPS}-step schedule: Δloss over those) |" in (out / "seed_claims_tiny.md").read_text()

@@ -67,7 +67,10 @@ def test_dpo_steps_equal_trls_dpo_trainer_and_a_precomputed_reference_gives_the_
     for a, b in zip(steps(train_log(tmp_path / "pre")), mine):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
     stored = list((tmp_path / "pre/reference_logps").glob("*/logps-train/*.arrow"))
-    assert len(stored) == 1, stored  # keyed by data, tokenizer and reference weights
+    assert len(stored) == 1, stored  # keyed by data, tokenizer, chat template and reference weights
+    key = json.loads((stored[0].parents[1] / "key.json").read_text())  # each part recorded, to name what differs
+    assert key["key"] == stored[0].parents[1].name
+    assert set(key["parts"]) == {"data", "tokenizer", "chat template", "reference weights"}
     assert "Computing reference log probs" in pre.stdout + pre.stderr
     written = stored[0].stat().st_mtime_ns
     resumed = train(tmp_path / "pre", "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS,
@@ -88,14 +91,24 @@ def test_kto_and_orpo_train_and_their_loss_falls(tmp_path, stage, data):
     assert len(losses) == 8 and losses[-1] < losses[0], losses
 
 
-def test_dpo_with_lora_scores_the_reference_with_the_adapter_off_and_saves_a_verified_adapter(tmp_path, weights):
+def test_recipe_70b_dpo_lora_trains_scoring_the_reference_with_the_adapter_off_and_saves_a_verified_adapter(
+        tmp_path, weights):
+    """Recipe 70b-dpo-lora as shipped (launch.sh, ds_config.json, train_args.yaml: stage dpo, stage_args, its peft
+    block, bf16, checkpointing) on the tiny model: the LoRA path of DPO under ZeRO-3, and the recipe's own run (8b-dpo
+    is the same stage and adapter at ZeRO-2 on one GPU: its YAML and plan are checked in tests/unit/test_recipes.py)."""
     out = tmp_path / "lora"
-    proc = train(out, "--stage", "dpo", "--model_name_or_path", weights, "--train_file", PAIRS, "--learning_rate",
-                 "3e-3", "--peft", '{"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}')
+    proc = run([ROOT / "recipes/70b-dpo-lora/launch.sh", "--model_name_or_path", weights, "--train_file", PAIRS,
+                "--block_size", "128", *SHORT, "--gradient_accumulation_steps", "1", "--learning_rate", "3.0e-3",
+                "--output_dir", out], NUM_NODES="1", NUM_GPUS="2", OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, explain(proc)
+    assert "train.py recipes/70b-dpo-lora/train_args.yaml --deepspeed recipes/70b-dpo-lora/ds_config.json" in proc.stdout
+    assert "hf_zero3: ZeRO stage 3 | world size 2 |" in proc.stdout
     assert "reference: the base model with the LoRA adapter disabled" in proc.stdout
     logged = steps(train_log(out))
     assert logged[0]["loss"] == pytest.approx(0.6931, abs=1e-4)  # adapter B starts at zero: policy = reference
     assert logged[-1]["rewards/margins"] != 0 and (out / "adapter_model.safetensors").is_file()
+    resolved = json.loads((out / "run_config.json").read_text())["training"]
+    assert resolved["bf16"] and resolved["gradient_checkpointing"]  # the recipe's own settings ran
 
 
 def test_the_reference_of_a_mixture_of_experts_gets_the_policys_leaf_modules(tmp_path):

@@ -1,5 +1,6 @@
-"""Every recipe, shrunk, trains for real: its own launch.sh, ds_config.json (offload included) and train_args.yaml,
-3 steps on 2 CPU ranks, a checkpoint that reloads. And `make plan-<size>` / `make train-<size>` from a laptop."""
+"""Every configuration the recipes hold, shrunk, trains for real: a recipe's own launch.sh, ds_config.json (offload
+included) and train_args.yaml, 3 steps on 2 CPU ranks, a checkpoint that reloads. Recipes that differ only in size or
+machine share one run (`TRAINED`). And `make plan-<size>` / `make train-<size>` from a laptop."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from tests.conftest import ROOT, explain, losses, make, plan_line, run
 
 pytestmark = pytest.mark.integration
 
-RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir())
+RECIPES = sorted(p.name for p in (ROOT / "recipes").iterdir() if p.is_dir()
+                 and yaml.safe_load((p / "train_args.yaml").read_text()).get("stage", "sft") == "sft")
+"""The recipes trained here on text; a preference recipe (pairs) runs in tests/integration/test_preference.py, in the
+run that tests its stage, rather than in a 2-rank run of its own."""
 SMALL = {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "head_dim": 16, "vocab": 1024}
 """The shrunk size; kv heads keep the recipe's kind of attention (grouped-query or not)."""
 SWAPPED = {**SMALL, "hidden": 512, "ffn": 1024, "head_dim": 128}
@@ -53,6 +57,19 @@ def shrunk_config(name: str, folder: Path) -> tuple[Path, str, int]:
 LORA = {name: yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_text()).get("peft") is not None
         for name in RECIPES}
 """The recipes that train a LoRA adapter (a `peft:` block) on a frozen base."""
+
+
+def configuration(name: str) -> tuple:
+    """What a recipe's real run exercises beyond its size: ZeRO stage, where optimizer and parameters live, precision,
+    LoRA, experts, Liger's kernels, and whether a save gathers the 16-bit weights. (Activation checkpointing under
+    ZeRO-3 has its own runs: test_partial_checkpointing, test_activation_offload.)"""
+    spec, args = RECIPE_CONFIGS[name], yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_text())
+    return (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.precision, LORA[name],
+            bool(load_shape(name).experts), bool(args.get("use_liger_kernel")), spec.gather_16bit_weights_on_save)
+
+
+TRAINED = sorted({configuration(n): n for n in reversed(RECIPES) if n != "tiny"}.values())
+"""The first recipe of each configuration (tiny trains through its own launch.sh in test_tiny_recipe.py)."""
 
 
 def pretrained(config: Path, overrides: str, folder: Path) -> Path:
@@ -104,7 +121,7 @@ def recipe_runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", TRAINED)
 def test_recipe_trains_three_steps_on_two_ranks_with_its_own_config(recipe_runs, name):
     proc, out, _ = recipe_runs(name)
     assert proc.returncode == 0, explain(proc)
@@ -129,7 +146,7 @@ def test_recipe_trains_three_steps_on_two_ranks_with_its_own_config(recipe_runs,
     assert curve[-1] < curve[0], curve
 
 
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", TRAINED)
 def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
     from transformers import AutoModelForCausalLM
 
@@ -154,7 +171,7 @@ def test_recipe_checkpoint_is_complete_and_reloads(recipe_runs, name):
         assert math.isfinite(model(input_ids=batch, labels=batch).loss.item())
 
 
-@pytest.mark.parametrize("name", [n for n in RECIPES if RECIPE_CONFIGS[n].offloads_to_nvme])
+@pytest.mark.parametrize("name", [n for n in TRAINED if RECIPE_CONFIGS[n].offloads_to_nvme])
 def test_nvme_recipe_checkpoint_exports_the_weights_it_swapped(recipe_runs, name, tmp_path):
     """The fp32 weights of a swapped sub-group are a file in offloaded_tensors/, not in the optimizer shard (an empty
     tensor there); export reads them: its bf16 weights are the 16-bit model the run gathered, bit for bit."""
@@ -177,7 +194,7 @@ def test_nvme_recipe_checkpoint_exports_the_weights_it_swapped(recipe_runs, name
     assert resharded.returncode != 0 and "keeps its optimizer states on NVMe" in resharded.stderr
 
 
-@pytest.mark.parametrize("name", [n for n in RECIPES if RECIPE_CONFIGS[n].offload_optimizer.device == "cpu"])
+@pytest.mark.parametrize("name", [n for n in TRAINED if RECIPE_CONFIGS[n].offload_optimizer.device == "cpu"])
 def test_offloaded_recipes_step_with_deepspeeds_cpu_adam(recipe_runs, name):
     """The optimizer state in the checkpoint is DeepSpeed's own Adam over host-RAM partitions, not torch's AdamW."""
     proc, out, _ = recipe_runs(name)
@@ -203,7 +220,7 @@ def test_make_plan_70b_on_a_machine_without_gpus():
     assert "/local_nvme does not exist on this machine" in out and "1 finding(s) for world size 8" in out
     assert plan_line(out, "hardware") == ("1 node(s) x 8 GPUs x 42.3 GB; host RAM 1,237.0 GB/node; NVMe 8,000.0 GB free "
                                           "at /local_nvme")
-    assert plan_line(out, "recipe") == ("70b: ZeRO-3 + offload optimizer (nvme) + checkpointing, micro batch 1: 36.6 GB "
+    assert plan_line(out, "recipe") == ("70b: ZeRO-3 + offload optimizer (nvme) + checkpointing, micro batch 1: 36.7 GB "
                                         "per GPU, 505.9 GB host RAM per node: fits (the planner's choice)")
 
 
@@ -214,7 +231,7 @@ def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
     assert not (tmp_path / "hosts").exists()  # a dry run writes nothing
     assert (f"deepspeed --hostfile={tmp_path / 'hosts'} --num_nodes=2 --num_gpus=4 --master_port=29500 train.py "
             "recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json") in proc.stdout
-    assert "36.6 GB per GPU, 325.4 GB host RAM per node: fits" in proc.stdout
+    assert "36.7 GB per GPU, 325.4 GB host RAM per node: fits" in proc.stdout
 
 
 def test_make_plan_fails_when_the_recipe_does_not_fit_the_gpus_asked_for():
@@ -239,7 +256,7 @@ def test_wrong_nodes_and_hostfile_stop_before_anything_launches(tmp_path, target
 def test_make_names_the_recipes_when_one_is_missing():
     proc = make("train-99b")
     assert proc.returncode != 0
-    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 70b-lora 7b 8b qwen3-30b-a3b tiny)" in proc.stderr
+    assert "error: no recipe recipes/99b/ (recipes: 10b-h200x1 13b 20b-h200x2 70b 70b-dpo-lora 70b-lora 7b 8b 8b-dpo qwen3-30b-a3b tiny)" in proc.stderr
 
 
 def test_make_plan_of_a_from_scratch_recipe_plans_fp32_loading():

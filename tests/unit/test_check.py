@@ -49,96 +49,94 @@ def test_a_good_config_has_no_errors_or_warnings():
 
 
 BAD_INPUTS = [
-    # (name, config, kwargs, expected substring of one error)
+    # (name, config, kwargs, (the field, then what the error must name with it: the value, the fix))
     ("unknown top-level key", edit("zero_optimisation", {"stage": 3}), {},
-     "zero_optimisation: unknown top-level key (DeepSpeed ignores it silently); did you mean 'zero_optimization'?"),
+     ("zero_optimisation:", "unknown", "'zero_optimization'")),
     ("unknown zero key", edit("zero_optimization.overlap_com", True), {},
-     "zero_optimization.overlap_com: unknown key (DeepSpeed rejects it at start-up); did you mean 'overlap_comm'?"),
+     ("zero_optimization.overlap_com:", "unknown", "'overlap_comm'")),
     ("unknown offload key", edit("zero_optimization.offload_param", {"device": "cpu", "pin_memmory": True}), {},
-     "zero_optimization.offload_param.pin_memmory: unknown key (DeepSpeed rejects it at start-up); "
-     "did you mean 'pin_memory'?"),
+     ("zero_optimization.offload_param.pin_memmory:", "unknown", "'pin_memory'")),
     ("unknown optimizer key", edit("optimizer", {"type": "AdamW", "param": {}}), {},
-     "optimizer.param: unknown key in 'optimizer'; did you mean 'params'?"),
+     ("optimizer.param:", "unknown", "'params'")),
     ("batch mismatch", edit("train_batch_size", 64), {"world_size": 4, "micro_batch": 2, "grad_accum": 4},
-     "train_batch_size: 64 != micro batch 2 x accumulation 4 x world size 4 = 32: set train_batch_size to 32"),
+     ("train_batch_size: 64", "= 32", "set train_batch_size to 32")),
     ("batch not divisible", {**good(), "train_batch_size": 30, "gradient_accumulation_steps": 4}, {"world_size": 8},
-     "train_batch_size: 30 is not divisible by accumulation 4 x world size 8"),
+     ("train_batch_size: 30", "not divisible", "accumulation 4", "world size 8")),
     ("micro batch conflicts with --micro-batch", edit("train_micro_batch_size_per_gpu", 4), {"micro_batch": 2},
-     "train_micro_batch_size_per_gpu: the config says 4 but --micro-batch is 2"),
+     ("train_micro_batch_size_per_gpu:", "4", "--micro-batch is 2")),
     ("fp16 and bf16 both on", edit("fp16", {"enabled": True}), {},
-     "fp16.enabled: fp16 and bf16 are both enabled: keep one"),
+     ("fp16.enabled:", "bf16", "keep one")),
     ("fp16 on cpu", {**good(), "bf16": {"enabled": False}, "fp16": {"enabled": True}}, {"device": "cpu"},
-     "fp16.enabled: fp16 is not supported on CPU"),
+     ("fp16.enabled:", "CPU")),
     ("nvme without path", edit("zero_optimization.offload_param", {"device": "nvme"}), {},
-     "zero_optimization.offload_param.nvme_path: NVMe offload needs nvme_path"),
+     ("zero_optimization.offload_param.nvme_path:", "needs nvme_path")),
     ("nvme path missing", edit("zero_optimization.offload_param", {"device": "nvme", "nvme_path": "/no/such/nvme"}),
-     {}, "zero_optimization.offload_param.nvme_path: /no/such/nvme does not exist on this machine: create it"),
+     {}, ("zero_optimization.offload_param.nvme_path:", "/no/such/nvme", "create it")),
     ("nvme path not writable", edit("zero_optimization.offload_param", {"device": "nvme", "nvme_path": "/proc"}),
-     {}, "zero_optimization.offload_param.nvme_path: /proc is not writable"),
+     {}, ("zero_optimization.offload_param.nvme_path:", "/proc", "not writable")),
     ("offloaded optimizer without optimizer block", edit("zero_optimization.offload_optimizer", {"device": "cpu"}),
-     {}, "optimizer: the optimizer is offloaded but there is no optimizer block"),
+     {}, ("optimizer:", "offloaded", "no optimizer block")),
     ("auto nobody fills", edit("zero_optimization.sub_group_size", "auto"), {},
-     "zero_optimization.sub_group_size: 'auto' here is filled by nobody: DeepSpeed drops it silently"),
+     ("zero_optimization.sub_group_size:", "'auto'", "filled by nobody")),
     ("auto in an unfilled optimizer param", edit("optimizer", {"type": "AdamW", "params": {"amsgrad": "auto"}}), {},
-     "optimizer.params.amsgrad: 'auto' here is filled by nobody"),
+     ("optimizer.params.amsgrad:", "'auto'", "filled by nobody")),
     ("stage out of range", edit("zero_optimization.stage", 4), {},
-     "zero_optimization.stage: ZeRO stage must be 0, 1, 2 or 3 (got 4)"),
+     ("zero_optimization.stage:", "0, 1, 2 or 3", "got 4")),
     ("negative bucket", edit("zero_optimization.reduce_bucket_size", -1), {},
-     "zero_optimization.reduce_bucket_size: must be a positive number (got -1)"),
+     ("zero_optimization.reduce_bucket_size:", "positive", "got -1")),
     ("zero micro batch", edit("train_micro_batch_size_per_gpu", 0), {},
-     "train_micro_batch_size_per_gpu: must be a positive number (got 0)"),
+     ("train_micro_batch_size_per_gpu:", "positive", "got 0")),
     ("zero buffer count", edit("zero_optimization.offload_param", {"device": "cpu", "buffer_count": 0}), {},
-     "zero_optimization.offload_param.buffer_count: must be a positive number (got 0)"),
+     ("zero_optimization.offload_param.buffer_count:", "positive", "got 0")),
     ("param offload below stage 3", edit("zero_optimization.offload_param", {"device": "cpu"},
                                          edit("zero_optimization.stage", 2)), {},
-     "zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage is 2)"),
+     ("zero_optimization.offload_param:", "stage 3", "stage is 2")),
     ("wrong type", edit("zero_optimization.overlap_comm", "yes please"), {},
-     "zero_optimization.overlap_comm: invalid value 'yes please'"),
+     ("zero_optimization.overlap_comm:", "'yes please'")),
     ("unknown monitor key", edit("tensorboard", {"enabeld": True}), {},
-     "tensorboard.enabeld: unknown key (DeepSpeed rejects it at start-up); did you mean 'enabled'?"),
+     ("tensorboard.enabeld:", "unknown", "'enabled'")),
     ("unknown flops_profiler key", edit("flops_profiler", {"enable": True}), {},
-     "flops_profiler.enable: unknown key in 'flops_profiler'; did you mean 'enabled'?"),
+     ("flops_profiler.enable:", "unknown", "'enabled'")),
     ("unknown nested timers key", edit("timers", {"throughput": {"enable": True}}), {},
-     "timers.throughput.enable: unknown key (DeepSpeed rejects it at start-up); did you mean 'enabled'?"),
+     ("timers.throughput.enable:", "unknown", "'enabled'")),
     ("misspelt scheduler parameter", edit("scheduler", {"type": "WarmupLR", "params": {"warmup_num_step": 10}}), {},
-     "scheduler.params.warmup_num_step: unknown parameter of WarmupLR; did you mean 'warmup_num_steps'?"),
+     ("scheduler.params.warmup_num_step:", "WarmupLR", "'warmup_num_steps'")),
     ("unknown scheduler", edit("scheduler", {"type": "WarmupLinear"}), {},
-     "scheduler.type: unknown scheduler 'WarmupLinear'; use one of"),
+     ("scheduler.type:", "'WarmupLinear'", "WarmupLR")),
     ("stage true", edit("zero_optimization.stage", True), {},
-     "zero_optimization.stage: ZeRO stage must be 0, 1, 2 or 3 (got True)"),
+     ("zero_optimization.stage:", "0, 1, 2 or 3", "got True")),
     ("negative micro batch in TrainingArguments", good(), {"training_args": ta(bf16=True,
                                                                               per_device_train_batch_size=-1)},
-     "per_device_train_batch_size: must be >= 1 (got -1)"),
+     ("per_device_train_batch_size:", ">= 1", "got -1")),
     ("zero accumulation in TrainingArguments", good(), {"training_args": ta(bf16=True, gradient_accumulation_steps=0)},
-     "gradient_accumulation_steps: must be >= 1 (got 0)"),
+     ("gradient_accumulation_steps:", ">= 1", "got 0")),
     ("micro batch differs from TrainingArguments", edit("train_micro_batch_size_per_gpu", 4),
      {"training_args": ta(bf16=True, per_device_train_batch_size=2)},
-     "train_micro_batch_size_per_gpu: the config says 4 but per_device_train_batch_size is 2"),
+     ("train_micro_batch_size_per_gpu:", "4", "per_device_train_batch_size is 2")),
     ("batch vs world size and TrainingArguments", edit("train_batch_size", 64),
      {"world_size": 2, "training_args": ta(bf16=True)},
-     "train_batch_size: 64 != micro batch 8 x accumulation 1 x world size 2 = 16"),
+     ("train_batch_size: 64", "world size 2", "= 16")),
     ("bf16 in the config, --fp16 in TrainingArguments", edit("fp16", {"enabled": "auto"}),
-     {"training_args": ta(fp16=True)}, "fp16.enabled: fp16 and bf16 would both be on"),
+     {"training_args": ta(fp16=True)}, ("fp16.enabled:", "bf16", "both")),
     ("--fp16 and --bf16 filled into auto", edit("fp16", {"enabled": "auto"}, edit("bf16", {"enabled": "auto"})),
-     {"training_args": ta(fp16=True, bf16=True)}, "fp16.enabled: fp16 and bf16 would both be on"),
+     {"training_args": ta(fp16=True, bf16=True)}, ("fp16.enabled:", "bf16", "both")),
     ("bf16 in the config without --bf16", good(), {"training_args": ta()},
-     "bf16.enabled: the config says true but TrainingArguments bf16 is false: set bf16.enabled to 'auto'"),
+     ("bf16.enabled:", "bf16 is false", "set bf16.enabled to 'auto'")),
     ("SuperOffload on CPU ranks", edit("zero_optimization.offload_optimizer", {"device": "cpu", "super_offload": True},
                                        edit("optimizer", {"type": "AdamW", "params": {}})), {"device": "cpu"},
-     "zero_optimization.offload_optimizer.super_offload: SuperOffload runs on NVIDIA GPUs only"),
+     ("zero_optimization.offload_optimizer.super_offload:", "NVIDIA GPU")),
     ("SuperOffload without an offloaded optimizer", edit("zero_optimization.offload_optimizer",
                                                          {"device": "none", "super_offload": True}), {"device": "cuda"},
-     "SuperOffload needs ZeRO stage 3 with offload_optimizer.device 'cpu' (stage is 3, device 'none')"),
+     ("super_offload", "offload_optimizer.device 'cpu'", "device 'none'")),
     ("gradient_clipping differs from max_grad_norm", edit("gradient_clipping", 0.5),
      {"training_args": ta(bf16=True)},
-     "gradient_clipping: the config says 0.5 but TrainingArguments max_grad_norm is 1.0"),
+     ("gradient_clipping:", "0.5", "max_grad_norm is 1.0")),
 ]
 
 
 @pytest.mark.parametrize("name, config, kwargs, expected", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_an_error_naming_the_fix(name, config, kwargs, expected):
-    errors = messages(config, **kwargs)
-    assert any(expected in e for e in errors), errors
+    error_naming("\n".join(messages(config, **kwargs)), *expected)
     assert has_errors(check_ds_config(config, **kwargs))
 
 
@@ -193,9 +191,8 @@ def test_check_seed_config_reports_what_the_seed_gets_wrong(capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "micro batch = 1 is implied (32 / 4 / 8)" in out
-    assert "activation_checkpointing: partition_activations: only configures" in out
-    assert "gradient_checkpointing: true" in out
-    assert "cpu_checkpointing: applied by `hf-zero3 train` as activation offload" in out
+    error_naming(out, "partition_activations", "gradient_checkpointing: true")
+    error_naming(out, "cpu_checkpointing", "hf-zero3 train", "activation offload")
     assert "the optimizer is offloaded but there is no optimizer block" in out
     assert "prefer bf16" in out
     assert "1 error(s)" in out

@@ -16,7 +16,7 @@ from hf_zero3.checkpoint import lifecycle as ckpt
 from hf_zero3.checkpoint.lifecycle import is_complete, write_marker
 from hf_zero3.cli import build_parser
 from hf_zero3.cli import main as cli_main
-from tests.conftest import explain, run
+from tests.conftest import error_naming, explain, run
 from tests.hub_server import LocalHub
 
 TOKEN = "hf_" + secrets.token_hex(16)
@@ -56,16 +56,17 @@ def test_shard_size_takes_the_planners_size_grammar(text, size):
     assert build_parser().parse_args(["export", "ckpt", "out", "--shard-size", text]).shard_size == size
 
 
-@pytest.mark.parametrize("text,message", [
-    ("2e9", "argument --shard-size: bad size '2e9': give a number with a unit, e.g. 40GB (10^9 bytes), 80GiB"),
-    ("garbage", "argument --shard-size: bad size 'garbage': give a number with a unit"),
-    ("", "argument --shard-size: bad size '': give a number with a unit"),
-    ("0GB", "error: shard size 0 is not positive: give one of at least 1 byte, e.g. 5GB, 500MB or 1GiB"),
+@pytest.mark.parametrize("text,names", [
+    ("2e9", ["--shard-size", "'2e9'", "a number with a unit", "40GB"]),
+    ("garbage", ["--shard-size", "'garbage'", "a number with a unit"]),
+    ("", ["--shard-size", "''", "a number with a unit"]),
+    ("0GB", ["shard size 0", "not positive", "5GB"]),
 ])
-def test_bad_shard_size_is_refused_before_anything_is_written(capsys, broken_checkpoint, tmp_path, text, message):
+def test_bad_shard_size_is_refused_before_anything_is_written(capsys, broken_checkpoint, tmp_path, text, names):
     before = tree(tmp_path)
     code, output = cli(capsys, "export", broken_checkpoint, tmp_path / "out", "--shard-size", text)
-    assert code == 2 and message in output, output
+    assert code == 2, output
+    error_naming(output, *names)
     assert tree(tmp_path) == before
 
 
@@ -73,7 +74,7 @@ def test_failed_export_leaves_no_staging_folder_nor_the_folders_it_created(capsy
     before = tree(tmp_path)
     code, output = cli(capsys, "export", broken_checkpoint, tmp_path / "new" / "deeper" / "out")
     assert code == 2, output
-    assert f"error: export of {broken_checkpoint} failed, nothing written: UnpicklingError" in output
+    error_naming(output, f"error: export of {broken_checkpoint}", "nothing written", "UnpicklingError")
     assert "export another complete checkpoint" in output
     assert tree(tmp_path) == before  # no .out.partial, no new/deeper
 
@@ -82,8 +83,8 @@ def test_unwritable_output_folder_is_named(capsys, broken_checkpoint, tmp_path):
     (tmp_path / "a-file").write_text("")
     before = tree(tmp_path)
     code, output = cli(capsys, "export", broken_checkpoint, tmp_path / "a-file" / "out")
-    assert code == 2 and f"error: cannot create {tmp_path / 'a-file' / '.out.partial'}: Not a directory: choose" \
-        in output, output
+    assert code == 2, output
+    error_naming(output, f"error: cannot create {tmp_path / 'a-file' / '.out.partial'}", "Not a directory", "choose")
     assert tree(tmp_path) == before
 
 
@@ -112,7 +113,8 @@ def test_a_staging_folder_left_by_a_killed_export_is_cleared(capsys, broken_chec
 def test_failed_reshard_leaves_no_staging_folder(capsys, broken_checkpoint, tmp_path):
     before = tree(tmp_path)
     code, output = cli(capsys, "reshard", broken_checkpoint, "--workers", "1")
-    assert code == 2 and f"error: reshard of {broken_checkpoint} failed, nothing written" in output, output
+    assert code == 2, output
+    error_naming(output, f"error: reshard of {broken_checkpoint}", "nothing written")
     assert tree(tmp_path) == before
 
 
@@ -136,8 +138,8 @@ def test_unusable_input_is_named(capsys, tmp_path, verb, kind):
 def test_every_invalid_repo_id_is_refused_with_the_form(capsys, tmp_path, repo_id):
     code, output = cli(capsys, "push", tmp_path / "not-even-a-folder", "--repo-id", repo_id)
     assert code == 2, output
-    assert output.startswith(f"error: --repo-id {repo_id!r} is not ORG/NAME: set --repo-id to ORG/NAME, e.g. "
-                             "my-org/llama-8b-sft (one `/` between"), output
+    assert output.startswith("error: "), output
+    error_naming(output.splitlines()[0], f"--repo-id {repo_id!r}", "ORG/NAME", "my-org/llama-8b-sft")
 
 
 @pytest.fixture
@@ -183,13 +185,12 @@ def test_push_sends_the_weights_through_lfs_as_the_hub_does(exported, hub, tmp_p
     assert commit["files"]["model.safetensors"] == (exported / "model.safetensors").read_bytes()
     assert commit["files"]["config.json"] == b"{}"
     assert hub.auth == {f"Bearer {TOKEN}"} and TOKEN not in proc.stdout + proc.stderr
-    assert "push: 2 files, 0.00 GB to org/name (huggingface_hub shows each upload)" in proc.stderr
+    error_naming(proc.stderr, "push: 2 files", "0.00 GB", "org/name")
 
 
 def test_push_refused_by_the_hub_names_hf_token_and_login(exported, hub, tmp_path):
     error = one_line_error(push(exported, hub, tmp_path, token="hf_" + secrets.token_hex(16)))
-    assert error == f"error: the Hub at {hub.url} refused the request as unauthenticated (HTTP 401): set HF_TOKEN to " \
-                    "a token with write access, or run `hf auth login`"
+    error_naming(error, f"the Hub at {hub.url}", "HTTP 401", "set HF_TOKEN", "`hf auth login`")
 
 
 def test_push_to_an_org_the_token_cannot_write_to_names_the_org_and_the_token(exported, tmp_path):
@@ -198,8 +199,8 @@ def test_push_to_an_org_the_token_cannot_write_to_names_the_org_and_the_token(ex
         error = one_line_error(push(exported, hub, tmp_path))
     finally:
         hub.close()
-    assert error.startswith(f"error: the Hub at {hub.url} refused to let this token write to org/name (HTTP 403): use "
-                            "a token with write access to org (HF_TOKEN or `hf auth login`)"), error
+    error_naming(error, f"the Hub at {hub.url}", "org/name", "HTTP 403", "write access to org", "HF_TOKEN",
+                 "`hf auth login`")
     assert hub.commits == [] and hub.puts == 0
 
 
@@ -209,8 +210,7 @@ def test_push_to_a_repo_that_is_not_there_names_the_repo_id_and_the_token(export
         error = one_line_error(push(exported, hub, tmp_path))
     finally:
         hub.close()
-    assert error == f"error: the Hub at {hub.url} has no repo org/name that this token can see (HTTP 404): check the " \
-                    "repo id, and that HF_TOKEN (or `hf auth login`) is a token of org with write access"
+    error_naming(error, f"the Hub at {hub.url}", "org/name", "HTTP 404", "repo id", "HF_TOKEN", "of org")
 
 
 def test_an_interrupted_upload_says_nothing_was_committed_and_to_push_again(exported, tmp_path):
@@ -222,9 +222,8 @@ def test_an_interrupted_upload_says_nothing_was_committed_and_to_push_again(expo
         again = push(exported, hub, tmp_path)
     finally:
         hub.close()
-    assert error.startswith(f"error: the upload to the Hub at {hub.url} was interrupted ("), error
-    assert error.endswith("nothing was committed to org/name: run the same push again (files the Hub already holds "
-                          "are not sent again)"), error
+    error_naming(error, f"the Hub at {hub.url}", "interrupted", "nothing was committed to org/name",
+                 "run the same push again")
     assert again.returncode == 0 and hub.commits[0]["lfs"] == ["model.safetensors"], explain(again)
 
 
@@ -234,8 +233,8 @@ def test_push_to_an_unreachable_hub_names_hf_endpoint_and_the_network(exported, 
         endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
         proc = push(exported, endpoint, tmp_path)
     error = one_line_error(proc)
-    assert error.startswith(f"error: cannot reach the Hub at {endpoint} (") and "Connection refused" in error, error
-    assert error.endswith("check the network, and HF_ENDPOINT if you set it (unset, it is https://huggingface.co)")
+    error_naming(error, f"cannot reach the Hub at {endpoint}", "Connection refused", "check the network",
+                 "HF_ENDPOINT", "https://huggingface.co")
 
 
 def test_a_sharded_push_over_a_single_file_one_removes_the_old_weights(exported, hub, tmp_path):

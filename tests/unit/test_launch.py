@@ -180,7 +180,7 @@ def test_several_nodes_need_the_launchers_backend_on_this_node(hosts, tmp_path):
 
 def test_not_a_recipe_folder(tmp_path):
     text = problems({}, recipe=tmp_path)
-    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-lora, 7b, 8b, qwen3-30b-a3b, tiny)" in text
+    assert f"{tmp_path} has no train_args.yaml: pass a recipe folder (recipes/<name>: 10b-h200x1, 13b, 20b-h200x2, 70b, 70b-dpo-lora, 70b-lora, 7b, 8b, 8b-dpo, qwen3-30b-a3b, tiny)" in text
 
 
 def test_main_prints_every_problem_and_launches_nothing(capsys, tmp_path):
@@ -299,6 +299,9 @@ def test_dry_run_plans_the_sequence_parallelism_a_long_block_size_needs(capsys):
     assert "length    327680 tokens: per token" in out
     assert "length    chosen: sequence_parallel_size 2" in out
     assert "--sequence_parallel_size 2" in plan_line(out, "TrainingArguments:")
+    main([*LONG, "--stage", "dpo"], {"DRY_RUN": "1"})  # pairs: sequence parallelism runs stage sft only
+    out = capsys.readouterr().out
+    assert "length    327680 tokens: per token" in out and "sequence_parallel_size 2" not in out
 
 
 def test_dry_run_plans_one_ranks_share_under_sequence_parallelism_and_tiling(capsys):
@@ -314,3 +317,26 @@ def test_dry_run_plans_one_ranks_share_under_sequence_parallelism_and_tiling(cap
     assert "length " not in out  # the run sets both: planned as set
     gpu = lambda text: float(plan_line(text, "recipe").split(": ")[2].split(" GB per GPU")[0].replace(",", ""))
     assert gpu(out) < 0.55 * gpu(alone)  # half the tokens per rank (and the MLPs tiled)
+
+
+def test_dry_run_plans_the_stage_of_the_yaml_or_command_line_not_sft(capsys):
+    """`stage: dpo` reaches the planner: chosen and rejected in one forward and the reference model's partition (none
+    with precomputed log-probs), in the planner's choice and in the recipe's own plan."""
+    # micro 4: the activations set the peak (at micro 1 TRL's fused LM head leaves the optimizer step the peak)
+    argv = ["--target", "1x1x141GiB", str(ROOT / "recipes" / "8b"), "--per_device_train_batch_size", "4",
+            "--gradient_accumulation_steps", "4", "--gradient_checkpointing", "true", "--use_liger_kernel", "false"]
+    env = {"DRY_RUN": "1", "HOST_RAM": "125GiB"}
+    gpu = lambda out: float(plan_line(out, "recipe").split(" GB per GPU")[0].split(": ")[-1])
+    main(argv, env)
+    sft = capsys.readouterr().out
+    main([*argv, "--stage", "dpo"], env)
+    dpo = capsys.readouterr().out
+    main([*argv, "--stage", "dpo", "--stage_args", '{"precompute_ref_log_probs": true}'], env)
+    precomputed = capsys.readouterr().out
+    assert "stage" not in plan_line(sft, "plan") and "reference model" not in sft
+    assert plan_line(dpo, "plan").endswith(", stage dpo")
+    assert "reference model, 16-bit (dpo)" in dpo and "chosen and rejected in one forward" in dpo
+    assert plan_line(precomputed, "plan").endswith(", stage dpo (reference log-probs precomputed)")
+    assert "reference model, 16-bit" not in precomputed and "chosen and rejected in one forward" in precomputed
+    reference = 2 * 8.03  # GB: the 16-bit reference on one GPU
+    assert gpu(dpo) - gpu(precomputed) > reference > 0 and gpu(precomputed) > gpu(sft)

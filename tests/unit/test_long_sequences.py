@@ -250,7 +250,10 @@ def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequen
     from hf_zero3.plan.preference import preference_of
 
     pairs = oom_advice(shape, node, Training(327680, preference=preference_of("dpo")), frugal)
-    assert "is what does not fit" not in pairs  # sequence parallelism runs SFT only
+    assert "--sequence_parallel_size" not in pairs  # sequence parallelism runs SFT only
+    pairs = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), Training(131072, preference=preference_of("dpo")),
+                       frugal)
+    assert "The sequence (131072 tokens) is what does not fit" in pairs and pairs.endswith("--tiled_compute true")
 
 
 def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monkeypatch):

@@ -61,13 +61,13 @@ def test_card_loads_with_hub_metadata_and_model_index_results(tmp_path):
     header = path.read_text().split("---")[1]
     json.dumps(yaml.safe_load(header), allow_nan=False)  # the metadata is valid JSON: no Infinity, no NaN
     body = card.text
-    for text in ("a fine-tuned version of [meta-llama/Meta-Llama-3-8B](https://huggingface.co/meta-llama/Meta-Llama-3-8B)",
+    for text in ("[meta-llama/Meta-Llama-3-8B](https://huggingface.co/meta-llama/Meta-Llama-3-8B)",
                  "on [wikitext](https://huggingface.co/datasets/wikitext)", "- Loss: 2.0000", "- Perplexity: 7.3891",
                  "- Recipe: `8b` v2", "- Final training loss: 2.2500 (step 100)", "- learning_rate: 2e-05",
                  "- train_batch_size: 4", "- gradient_accumulation_steps: 8", "- total_train_batch_size: 32",
                  "- num_devices: 1", "- training_steps: 100", "- lr_scheduler_warmup_steps: 10", "- seed: 7",
                  "- offload_optimizer: nvme", "- Hardware: 1 × NVIDIA H200",
-                 "- Throughput: 14.30 samples/s, 0.900 steps/s (measured over 10 steps)",
+                 "- Throughput: 14.30 samples/s, 0.900 steps/s", "over 10 steps",
                  "- hf_zero3 0.1.0", "- torch 2.13.0", "- deepspeed 0.19.8", "- transformers 5.24.0"):
         assert text in body, text
 

@@ -12,6 +12,7 @@ from hf_zero3.plan.memory import plan
 from hf_zero3.plan.preference import preference_of
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.types import Hardware, Training
+from tests.conftest import error_naming, plan_lines
 
 SPEC = ZeroSpec(stage=3, precision="bf16", activation_checkpointing=True, micro_batch_size=2,
                 gradient_accumulation_steps=1, global_batch_size=16)
@@ -78,3 +79,48 @@ def test_the_oom_advice_of_a_dpo_run_plans_its_pairs_and_reference():
         planned[stage] = float(re.search(r"Planned for this run: ([\d.]+) GB", advice).group(1))
     reference = 2 * SHAPE.params / 8 / 1e9  # its 16-bit partition, GB
     assert planned["dpo"] - planned["sft"] > reference, planned
+
+
+def test_the_runs_facts_carry_its_stage_and_precompute_to_the_planner():
+    """The launcher's dry run (from the YAML's values) and the OOM advice (from TrainingArguments) ask the same fact."""
+    from types import SimpleNamespace
+
+    from hf_zero3.job.facts import RunFacts
+
+    values = {"stage": "dpo", "stage_args": {"precompute_ref_log_probs": True}}
+    assert RunFacts.from_values(values).preference(lora=False) == preference_of("dpo", precompute=True)
+    assert RunFacts.from_values({"stage": "kto"}).preference(lora=False).reference == "engine"
+    assert RunFacts.from_values({"stage": "dpo"}).preference(lora=True).reference == "none"
+    assert RunFacts.from_values({}).preference(lora=False) is None
+    args = SimpleNamespace(bf16=True, fp16=False, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                           gradient_checkpointing=False, stage="dpo", stage_args={"precompute_ref_log_probs": True})
+    assert RunFacts.from_args(args, 2048).preference(lora=False) == preference_of("dpo", precompute=True)
+
+
+def test_plan_stage_dpo_plans_length_for_pairs(capsys):
+    """When nothing fits, the length planner plans the stage's pairs too, and offers a preference stage tiling only:
+    sequence parallelism runs stage sft only."""
+    base = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "90GB", "--host-ram", "1TB"]
+    main([*base, "--seq-len", "98304"])
+    assert "length " not in capsys.readouterr().out  # one sequence fits as it is
+    main([*base, "--seq-len", "98304", "--stage", "dpo"])
+    assert "length    chosen: sequence_parallel_size 1, tiled_compute true" in capsys.readouterr().out  # a pair: tiles
+    main([*base, "--seq-len", "196608", "--stage", "dpo"])
+    out = capsys.readouterr().out
+    assert "sequence_parallel_size 2" not in out
+    error_naming(plan_lines(out, "length")[-1], "nothing fits 196608 tokens", "a shorter sequence",
+                 "sequence parallelism runs stage sft only")
+
+
+def test_plan_of_a_preference_recipe_plans_its_stage_unless_told_otherwise(capsys):
+    """`plan --model 70b-dpo-lora` plans the recipe's `stage: dpo` (pairs; LoRA: no second model), as its adapter."""
+    base = ["plan", "--model", "70b-dpo-lora", "--hardware", "dgx-a100-80", "--headroom", "0.1", "--global-batch", "64",
+            "--seq-len", "2048", "--no-liger", "--json"]
+    main(base)
+    recipe = json.loads(capsys.readouterr().out)
+    main([*base, "--stage", "sft"])
+    sft = json.loads(capsys.readouterr().out)
+    pairs = lambda answer: any("chosen and rejected in one forward" in n for n in answer["breakdown_of"]["notes"])
+    assert pairs(recipe) and not pairs(sft)
+    assert not any("reference model" in t["name"] for t in recipe["breakdown"]["gpu"])
+    assert (recipe["choice"]["micro_batch"], sft["choice"]["micro_batch"]) == (4, 8)  # a pair is two sequences

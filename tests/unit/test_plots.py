@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hf_zero3.run.plots import plot_train_log, runs_figure
+from tests.conftest import error_naming
 
 
 def _records(base, repeat=1):
@@ -43,8 +44,7 @@ def test_train_log_png_is_written_and_a_missing_matplotlib_is_one_line(tmp_path,
     assert (tmp_path / "train_log.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "train_log.png").unlink()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed: import raises
-    assert plot_train_log(tmp_path, "t") == ("hf_zero3: no train_log.png: matplotlib is not installed (pip install "
-                                            "matplotlib to get it)")
+    error_naming(plot_train_log(tmp_path, "t"), "no train_log.png", "matplotlib", "pip install matplotlib")
     assert not (tmp_path / "train_log.png").exists()
 
 

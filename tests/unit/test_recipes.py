@@ -22,12 +22,15 @@ RECIPES_DIR = ROOT / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.iterdir() if p.is_dir())
 FILES = {"ds_config.json", "train_args.yaml", "launch.sh", "README.md"}
 by_name = pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+PREFERENCE = [p for p in RECIPES if yaml.safe_load((p / "train_args.yaml").read_text()).get("stage", "sft") != "sft"]
+"""The recipes of a preference stage (their data are pairs; tests/integration/test_preference.py trains them)."""
 
 
 def test_recipes_are_found_on_disk_and_nothing_else_lives_under_recipes():
-    assert len(RECIPES) == 9
+    assert len(RECIPES) == 11
     assert [p.name for p in RECIPES] == sorted(RECIPE_CONFIGS) == ["10b-h200x1", "13b", "20b-h200x2", "70b",
-                                                                   "70b-lora", "7b", "8b", "qwen3-30b-a3b", "tiny"]
+                                                                   "70b-dpo-lora", "70b-lora", "7b", "8b", "8b-dpo",
+                                                                   "qwen3-30b-a3b", "tiny"]
     for path in RECIPES_DIR.rglob("*"):  # recursive: a nested folder or stray file is an error too
         rel = path.relative_to(RECIPES_DIR)
         if path.is_dir():
@@ -65,6 +68,8 @@ def test_the_commented_chat_run_is_a_valid_data_block(recipe):
     parse with the right types and name a chat format."""
     from hf_zero3.data.arguments import FORMATS, DataArguments
 
+    if recipe in PREFERENCE:
+        pytest.skip(f"{recipe.name} trains on preference pairs: test_preference_recipes_pass_the_stage_checks")
     text = (recipe / "train_args.yaml").read_text()
     block = text[text.index("# Chat data instead"):].splitlines()
     lines = [line[2:] for line in block[1:] if re.match(r"# [a-z_]+: ", line)]
@@ -75,6 +80,22 @@ def test_the_commented_chat_run_is_a_valid_data_block(recipe):
     assert args.train_on_inputs is False and args.train_file.endswith(".jsonl")
     if recipe.name == "tiny":  # the one that runs as shipped: its chat files are in assets/tiny/chat
         assert (ROOT / args.train_file).is_file() and (ROOT / args.validation_file).is_file()
+
+
+@pytest.mark.parametrize("recipe", PREFERENCE, ids=lambda p: p.name)
+def test_preference_recipes_pass_the_stage_checks(recipe):
+    """The stage and its TRL arguments (`stage_args`, strict against TRL's config), as train checks them before start;
+    the data file is the user's, so it is left out here."""
+    from hf_zero3.job.arguments import load_arguments
+    from hf_zero3.run.stages import stage_arg_problems, stage_of
+
+    values = load_arguments([str(recipe / "train_args.yaml")])
+    assert stage_of(values).columns is not None and stage_arg_problems(values) == []
+    assert values["peft"] and not values.get("ref_model_name_or_path")  # LoRA: the reference is the adapter off
+
+
+def test_there_are_preference_recipes():
+    assert [p.name for p in PREFERENCE] == ["70b-dpo-lora", "8b-dpo"]
 
 
 @by_name
@@ -168,6 +189,7 @@ def test_slurm_script_parses():
 
 PROFILES_OF = {"70b": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
                "70b-lora": (("p4d.24xlarge", 1), ("nd-a100-v4", 1), ("a2-highgpu-4g", 2)),
+               "8b-dpo": (("h200x1", 1),), "70b-dpo-lora": (("dgx-a100-80", 1), ("dgx-h100", 1)),
                "20b-h200x2": (("h200x2", 1),), "10b-h200x1": (("h200x1", 1),),
                "qwen3-30b-a3b": (("dgx-h100", 1),)}
 """Recipes sized for named machines (hf_zero3/plan/profiles.py, nodes each): planned there with HEADROOM free, the
@@ -184,6 +206,7 @@ def _plans(recipe: Path, hardware=None):
     The target is the recipe's first named profile (with 10% headroom) if it has one, else launch.sh's --target."""
     from hf_zero3.argtypes import parse_size
     from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.job.facts import RunFacts
     from hf_zero3.plan.choose import choose
     from hf_zero3.plan.memory import plan
     from hf_zero3.plan.profiles import get
@@ -205,9 +228,10 @@ def _plans(recipe: Path, hardware=None):
     spec = ZeroSpec(**{**RECIPE_CONFIGS[recipe.name].model_dump(exclude_unset=True), "precision": precision})
     liger = bool(values.get("use_liger_kernel"))
     adapter = planned_adapter(shape, values.get("peft"))  # a LoRA recipe: its adapter
-    ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger, adapter=adapter), spec)
+    preference = RunFacts.from_values(values).preference(lora=adapter is not None)  # a preference recipe: its stage
+    ours = plan(shape, hardware, Training(seq, micro, accum, liger=liger, adapter=adapter, preference=preference), spec)
     best = choose(shape, hardware, seq, global_batch=micro * accum * hardware.world_size, precision=precision,
-                  liger=liger, adapter=adapter).plan
+                  liger=liger, adapter=adapter, preference=preference).plan
     return ours, best
 
 
@@ -238,7 +262,8 @@ def test_recipes_that_claim_the_planners_choice_are_it(recipe):
                                                   if r not in MEASURED_FIT])
 def test_recipe_is_the_planners_choice_on_each_named_machine_with_headroom(name, profile, nodes):
     """70b and 70b-lora fit p4d.24xlarge, nd-a100-v4 and 2 x a2-highgpu-4g with >= 10% of GPU memory, host RAM and
-    NVMe left free, as the planner's least-offload choice; 20b-h200x2 likewise on 2 x H200."""
+    NVMe left free, as the planner's least-offload choice; 20b-h200x2 likewise on 2 x H200, 8b-dpo on one H200 and
+    70b-dpo-lora on 8 x A100-80GB and 8 x H100-80GB, each planned with its stage's pairs."""
     from hf_zero3.plan.profiles import get
 
     hardware = get(profile).hardware(nodes, HEADROOM)

@@ -15,7 +15,7 @@ from hf_zero3.plan.choose import choose
 from hf_zero3.plan.shapes import load_shape
 from hf_zero3.plan.speed import MEASURED, Measurement, faster_measured
 from hf_zero3.plan.types import Hardware
-from tests.conftest import ROOT, plan_line
+from tests.conftest import ROOT, error_naming, plan_line
 
 S8 = load_shape("8b")
 H200X2 = Hardware(1, 2, 140 * 2**30, None)
@@ -51,8 +51,9 @@ def test_8b_on_2xh200_with_liger_picks_recipe_8b_v2_by_measured_speed():
     assert (p.label, p.training.micro_batch, p.training.grad_accum) == ("ZeRO-3", 3, 2)
     assert not p.spec.activation_checkpointing and not p.tight
     assert choice.training_args["use_liger_kernel"] is True
-    assert choice.speed.startswith("ZeRO-3 by measured speed: ZeRO-3 + Liger micro 3: 10,121 tokens/s/GPU vs ZeRO-2")
-    assert "ZeRO-2 micro 1: 8,323 tokens/s/GPU (for ZeRO-2 + Liger micro 1: not measured, a lower bound)" in choice.speed
+    assert choice.speed.startswith("ZeRO-3 by measured speed")
+    error_naming(choice.speed, "ZeRO-3 + Liger micro 3: 10,121", "ZeRO-2 micro 1: 8,323",
+                 "ZeRO-2 + Liger micro 1: not measured", "lower bound")
     assert choice.speed.endswith("(study 8b-tuned)")  # the study that holds both rows
     # without a global batch: the same micro batch (the largest that fits), accumulation 1
     alone = choose(S8, H200X2, 4096, liger=True).plan
@@ -78,8 +79,8 @@ def test_a_measured_faster_zero2_wins_and_a_faster_row_from_another_machine_is_i
     slow_z3 = dataclasses.replace(z3, tokens_per_s=9_000, source="machine-b.md")
     choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, fast_z2, slow_z3))
     assert choice.plan.label == "ZeRO-2" and choice.plan.training.micro_batch == 1
-    assert choice.speed.startswith("ZeRO-2 by measured speed: ZeRO-2 + Liger micro 1: 11,000") and "(study machine-b)" in \
-        choice.speed
+    assert choice.speed.startswith("ZeRO-2 by measured speed")
+    error_naming(choice.speed, "ZeRO-2 + Liger micro 1: 11,000", "(study machine-b)")
     lone = Measurement(z3.params, 4096, 2, 140.0, 2, True, False, 1, 99_000, "machine-c.md", "z2 alone")
     assert choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, lone)).plan.spec.stage == 3
 
@@ -88,7 +89,8 @@ def test_checkpointing_only_when_nothing_fits_without_it():
     small = Hardware(1, 2, 100 * 2**30, None)  # 8B without Liger on 2 x 100 GiB: nothing fits without recomputation
     choice = choose(S8, small, 4096, global_batch=12, trainer=STOCK)
     assert choice.plan.label == "ZeRO-3 + checkpointing" and choice.plan.training.micro_batch == 3
-    assert choice.speed == "ZeRO-3 + checkpointing is the fastest option that fits: nothing without checkpointing does"
+    assert choice.speed.startswith("ZeRO-3 + checkpointing ")
+    error_naming(choice.speed, "fastest option that fits", "nothing without checkpointing")
     assert all(p.spec.activation_checkpointing or not p.fits for p in choice.tried
                if p.spec.offload_optimizer.device == "none")
     assert choice.training_args["gradient_checkpointing"] is True
@@ -137,9 +139,8 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
     p = choice.plan
     assert (p.label, p.training.micro_batch, p.training.grad_accum) == (
         "ZeRO-3 + checkpointing (first 8 layers)", 2, 8)
-    assert choice.speed == ("ZeRO-3 + Liger + checkpointing (first 8 layers) micro 2 by measured speed: 11,680 vs "
-                            "10,190 tokens/s/GPU for ZeRO-3 + Liger + checkpointing micro 8 "
-                            "(study partial-ckpt-7b-1gpu)")
+    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 8 layers) micro 2 ")
+    error_naming(choice.speed, "11,680 vs 10,190", "checkpointing micro 8", "(study partial-ckpt-7b-1gpu)")
     assert choice.training_args["gradient_checkpointing"] is True
     assert choice.training_args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert choice.training_args["gradient_checkpointing_layers"] == 8
@@ -147,7 +148,8 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
     without_partial = tuple(m for m in MEASURED if m.source != PARTIAL)
     alone = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial, trainer=STOCK)
     assert (alone.plan.label, alone.plan.training.micro_batch) == ("ZeRO-3 + checkpointing", 8)
-    assert alone.speed.startswith("ZeRO-3 + Liger + checkpointing micro 8 by measured speed: 10,089 vs 9,410")
+    assert alone.speed.startswith("ZeRO-3 + Liger + checkpointing micro 8 ")
+    error_naming(alone.speed, "by measured speed", "10,089 vs 9,410")
 
 
 def test_fewer_checkpointed_layers_than_measured_count_the_row_with_more_as_a_lower_bound():
@@ -156,7 +158,7 @@ def test_fewer_checkpointed_layers_than_measured_count_the_row_with_more_as_a_lo
     h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
     choice = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
     assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (9, 2)
-    assert "at least 11,289 tokens/s/GPU (measured with 12 layers checkpointed: more recompute) vs 10,190" in choice.speed
+    error_naming(choice.speed, "at least 11,289", "12 layers", "vs 10,190")
     slow = tuple(dataclasses.replace(m, tokens_per_s=9_000) if m.source == PARTIAL and m.checkpointed_layers else m
                  for m in MEASURED)  # a bound below the full-checkpointing row decides nothing
     kept = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow, trainer=STOCK)
@@ -194,8 +196,8 @@ def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():
     quicker = (*(m for m in MEASURED if m is not lean), dataclasses.replace(lean, tokens_per_s=12_000))
     choice = choose(S7, H200, 4096, global_batch=16, liger=True, speed_table=quicker)
     assert not choice.plan.spec.activation_checkpointing and choice.plan.training.micro_batch == 1
-    assert choice.speed.startswith("ZeRO-3 + Liger micro 1 by measured speed: 12,000 vs 10,089 tokens/s/GPU for ZeRO-3 "
-                                   "+ Liger + checkpointing micro 8")
+    assert choice.speed.startswith("ZeRO-3 + Liger micro 1 ")
+    error_naming(choice.speed, "by measured speed", "12,000 vs 10,089", "checkpointing micro 8")
     tried = {(p.spec.activation_checkpointing, p.training.micro_batch): p for p in choice.tried
              if p.fits and p.label.startswith("ZeRO-3") and "offload" not in p.label}
     assert faster_measured(tried[(False, 1)], tried[(True, 2)], S7, H200, 4096) is None  # micro 2: not measured
@@ -223,7 +225,8 @@ def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every
     best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK).plan
     advice = oom_advice(S7, h200x1, best.training, best.spec)
     assert "(ZeRO-3 + checkpointing (first 9 layers), micro batch 2)" in advice
-    assert advice.endswith("ZeRO-3 + checkpointing, micro batch 2): --gradient_checkpointing_layers null")
+    assert advice.endswith("--gradient_checkpointing_layers null")
+    error_naming(advice.splitlines()[-1], "ZeRO-3 + checkpointing, micro batch 2", "--gradient_checkpointing_layers")
 
 
 def test_plan_cli_says_how_to_get_partial_checkpointing_in_a_plain_trainer_script(capsys):
@@ -243,5 +246,5 @@ def test_a_measured_partial_plan_can_replace_a_choice_without_checkpointing():
     faster = Measurement(v2.params, 4096, 2, 140.0, 3, True, True, 6, 10_500, v2.source, "p6_15: test row", 15)
     choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, faster), trainer=STOCK)
     assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (15, 6)
-    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 15 layers) micro 6 by measured speed: "
-                                   "10,500 vs 10,121")
+    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 15 layers) micro 6 ")
+    error_naming(choice.speed, "by measured speed", "10,500 vs 10,121")

@@ -176,7 +176,7 @@ def test_srun_tasks_without_a_launcher_are_refused_before_anything_runs(monkeypa
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_PROCID", "3")
     assert main([str(TINY_YAML), "--deepspeed", "null"]) == 2
-    assert "srun started several tasks but no launcher set RANK/WORLD_SIZE" in capsys.readouterr().err
+    error_naming(capsys.readouterr().err, "srun", "RANK/WORLD_SIZE")
     assert "WORLD_SIZE" not in __import__("os").environ
 
 
@@ -206,12 +206,11 @@ def test_every_ds_config_problem_is_reported_at_once_and_nothing_starts(tmp_path
     out = tmp_path / "out"
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--output_dir", out)
     where = f"error: ds_config {config}: "
-    assert where + "zero_optimisation: unknown top-level key" in err and "did you mean 'zero_optimization'?" in err
-    assert where + "zero_optimization.sub_group_size: 'auto' here is filled by nobody" in err
-    assert where + "train_batch_size: 64 != micro batch 8 x accumulation 1 x world size 1 = 8: set " \
-                   "train_batch_size to 8 or to 'auto'" in err
-    assert where + "fp16.enabled: fp16 and bf16 are both enabled: keep one" in err
-    assert where + f"zero_optimization.offload_param.nvme_path: {nvme} does not exist on this machine: create it" in err
+    error_naming(err, where + "zero_optimisation:", "'zero_optimization'")
+    error_naming(err, where + "zero_optimization.sub_group_size:", "'auto'", "filled by nobody")
+    error_naming(err, where + "train_batch_size: 64", "train_batch_size to 8", "'auto'")
+    error_naming(err, where + "fp16.enabled:", "bf16", "keep one")
+    error_naming(err, where + "zero_optimization.offload_param.nvme_path:", str(nvme), "create it")
     assert not nvme.exists()  # DeepSpeed's swapper would have created it (os.makedirs), then died in async_io
     assert not out.exists()
 
@@ -222,24 +221,24 @@ def test_ds_config_is_checked_against_the_training_arguments(tmp_path, capsys):
                                   "fp16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": 4}))
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--bf16", "true", "--fp16", "true",
                            "--per_device_train_batch_size", "0", "--output_dir", tmp_path / "o")
-    assert "error: fp16 is not supported on CPU: drop --fp16 (fp32) or use --bf16 true" in err
-    assert "fp16.enabled: fp16 and bf16 would both be on" in err
-    assert "train_micro_batch_size_per_gpu: the config says 4 but per_device_train_batch_size is 0" in err
-    assert "per_device_train_batch_size: must be >= 1 (got 0)" in err
+    error_naming(err, "error: fp16", "CPU", "drop --fp16", "--bf16 true")
+    error_naming(err, "fp16.enabled:", "bf16", "both")
+    error_naming(err, "train_micro_batch_size_per_gpu:", "4", "per_device_train_batch_size is 0")
+    error_naming(err, "per_device_train_batch_size:", ">= 1", "got 0")
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "not found: pass the path of a DeepSpeed JSON config"),
-    ('{\n  "zero_optimization": {"stage": 3,}\n}', "is not valid JSON (line 2, column 36): Expecting property name"),
-    ("unreadable", "cannot be read (Permission denied): fix its permissions"),
+@pytest.mark.parametrize("content, names", [
+    (None, ["not found", "DeepSpeed JSON config"]),
+    ('{\n  "zero_optimization": {"stage": 3,}\n}', ["not valid JSON", "line 2, column 36"]),
+    ("unreadable", ["Permission denied", "fix its permissions"]),
 ], ids=["missing", "invalid JSON", "unreadable"])
-def test_a_bad_ds_config_file_is_named_with_the_problem(tmp_path, capsys, unreadable, content, message):
+def test_a_bad_ds_config_file_is_named_with_the_problem(tmp_path, capsys, unreadable, content, names):
     config = unreadable("ds.json") if content == "unreadable" else tmp_path / "ds.json"
     if content not in (None, "unreadable"):
         config.write_text(content)
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", config, "--output_dir", tmp_path / "o")
-    assert f"{config}" in err and message in err
+    error_naming(err, str(config), *names)
     assert not (tmp_path / "o").exists()
 
 
@@ -247,7 +246,7 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys):
     config = tmp_path / "args.yaml"
     config.write_text("block_size: 128\nmax_steps: 3\n  learning_rate: 1.0e-3\n")
     err = train_fails_with(capsys, config)
-    assert f"error: {config}:3:16: invalid YAML: mapping values are not allowed here. Fix the YAML there" in err
+    error_naming(err, f"error: {config}:3:16:", "invalid YAML", "fix the YAML")
 
 
 @pytest.mark.parametrize("key", ["yaml", "train_file", "validation_file", "config_name"])
@@ -276,7 +275,7 @@ def test_model_folder_without_config_json_or_weights(tmp_path, capsys):
     (model / "config.json").unlink()
     out = tmp_path / "out"
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--config_name", model, "--output_dir", out)
-    assert f"config_name {model} has no config.json: point it at the folder save_pretrained wrote" in err
+    error_naming(err, f"config_name {model}", "no config.json", "save_pretrained")
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--config_name", "null",
                            "--model_name_or_path", ROOT / "assets/tiny/model", "--output_dir", out)
     assert "has a config.json but no weights (model.safetensors" in err and "pass it as config_name" in err
@@ -288,15 +287,15 @@ def test_pretrained_weights_with_config_overrides_are_refused(tmp_path, capsys):
     out = tmp_path / "out"
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--model_name_or_path", "org/some-model",
                            "--config_overrides", "num_hidden_layers=48", "--output_dir", out)
-    assert "config_overrides (num_hidden_layers=48) reshape a config trained from scratch" in err
-    assert "drop config_overrides (config_overrides null)" in err and not out.exists()
+    error_naming(err, "config_overrides (num_hidden_layers=48)", "from scratch", "config_overrides null")
+    assert not out.exists()
 
 
 def test_all_input_problems_are_reported_together(tmp_path, capsys):
     err = train_fails_with(capsys, TINY_YAML, "--train_file", "no/such/train.txt", "--validation_file",
                            tmp_path, "--tokenizer_name", tmp_path, "--output_dir", tmp_path / "out")
     assert "error: train_file 'no/such/train.txt' does not exist" in err
-    assert f"error: validation_file {str(tmp_path)!r} has unsupported extension" in err
+    error_naming(err, f"error: validation_file {str(tmp_path)!r}", "unsupported extension")
     assert f"error: tokenizer_name {tmp_path} holds no tokenizer" in err
 
 
@@ -328,7 +327,7 @@ def test_an_error_after_the_process_group_started_tears_it_down_and_joins_its_th
 def test_training_arguments_own_checks_are_usage_errors(tmp_path, capsys):
     err = train_fails_with(capsys, TINY_YAML, "--deepspeed", "null", "--eval_strategy", "sometimes",
                            "--output_dir", tmp_path / "o")
-    assert "error: bad arguments: sometimes is not a valid IntervalStrategy, please select one of ['no', 'steps', 'epoch']" in err
+    error_naming(err, "error: bad arguments", "sometimes", "IntervalStrategy", "'no', 'steps', 'epoch'")
     assert not (tmp_path / "o").exists()
 
 
@@ -380,8 +379,7 @@ def test_a_finished_run_without_checkpoints_is_not_trained_over_from_scratch(cap
     (out / "model.safetensors").write_bytes(b"the final weights")
     ckpt.write_finished(out, {"global_step": 8, "max_steps": 8})
     err = train_fails(capsys, "--output_dir", out, "--resume_from_checkpoint", "auto", "--max_steps", "16")
-    assert "holds a finished run (step 8, its final model) and no complete checkpoint" in err
-    assert f"--model_name_or_path {out} and another output_dir" in err and "--overwrite_output_dir true" in err
+    error_naming(err, "finished run", "step 8", f"--model_name_or_path {out}", "--overwrite_output_dir true")
     assert (out / "model.safetensors").read_bytes() == b"the final weights"
     assert ckpt.read_finished(out)["global_step"] == 8
 
@@ -452,7 +450,7 @@ def test_a_run_that_stopped_on_bad_input_does_not_lock_its_output_dir(capsys, tm
     """The first run fails after it claimed output_dir (a bad config_overrides key); the fixed command starts."""
     out = tmp_path / "o"
     err = train_fails(capsys, "--output_dir", out, "--config_overrides", "num_hidden_layer=2")
-    assert "config_overrides 'num_hidden_layer=2': key num_hidden_layer isn't in the original config dict" in err
+    error_naming(err, "config_overrides 'num_hidden_layer=2'", "num_hidden_layer isn't in")
     assert "Traceback" not in err
     assert main([str(TINY_YAML), "--deepspeed", "null", "--max_steps", "1", "--output_dir", str(out),
                  "--save_strategy", "no"]) == 0
@@ -563,7 +561,7 @@ def test_resuming_a_checkpoint_of_another_shape_names_both_shapes_before_the_loa
     ckpt.write_marker(folder, {"world_size": 1}, hashes=ckpt.hash_files(folder))
     err = train_fails(capsys, "--output_dir", out, "--resume_from_checkpoint", "auto", "--max_steps", "4")
     assert f"{folder} holds a model of another shape than this run's" in err
-    assert "hidden_size 256 (checkpoint) vs 128 (this model); num_hidden_layers 8 (checkpoint) vs 4" in err
+    error_naming(err, "hidden_size 256 (checkpoint) vs 128", "num_hidden_layers 8 (checkpoint) vs 4")
     assert "Resume with the model it was saved from" in err and "another output_dir" in err
     assert "Traceback" not in err
 
@@ -634,8 +632,7 @@ def test_json_or_yaml_that_does_not_parse_is_one_line_naming_where_and_the_fix(c
 
 @pytest.mark.parametrize("model, overrides, names", [
     ("mixtral", "num_experts_per_tok=6", ["num_experts_per_tok is 6", "num_local_experts 4", "at most 4"]),
-    ("model", "num_key_value_heads=3", ["num_attention_heads 4 is not a multiple of num_key_value_heads 3",
-                                        "a divisor of 4"]),
+    ("model", "num_key_value_heads=3", ["num_attention_heads 4", "num_key_value_heads 3", "a divisor of 4"]),
     ("model", "num_hidden_layers=0", ["num_hidden_layers is 0", "1 or more"]),
     ("model", "pad_token_id=2000", ["pad_token_id 2000 is outside the vocabulary", "below 1024"]),
 ])
@@ -735,7 +732,7 @@ def test_regional_compile_refuses_whole_model_compile_and_an_unknown_backend(cap
     err = train_fails(capsys, "--regional_compile", "true", "--torch_compile", "true", "--regional_compile_backend",
                       "tensorrt", "--output_dir", tmp_path / "out")
     assert "regional_compile and torch_compile both compile" in err and "set one of them" in err
-    assert "regional_compile_backend 'tensorrt': choose one of inductor, aot_eager, eager" in err
+    error_naming(err, "regional_compile_backend 'tensorrt'", "inductor, aot_eager, eager")
     assert not (tmp_path / "out").exists()
 
 
@@ -744,8 +741,9 @@ def test_regional_compile_needs_decoder_layers():
 
     from hf_zero3.model.regional_compile import enable
 
-    with pytest.raises(ValueError, match="Sequential has no GradientCheckpointingLayer blocks.*drop it"):
+    with pytest.raises(ValueError) as err:
         enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    error_naming(str(err.value), "Sequential", "GradientCheckpointingLayer", "drop it")
 
 
 def test_fp8_without_regional_compile_is_refused_before_anything_starts(capsys, tmp_path):
