@@ -7,12 +7,13 @@ Written to benchmarks/results/planner_vs_measured.md:  python benchmarks/planner
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
 from hf_zero3.config.spec import ZeroSpec
-from hf_zero3.plan.memory import plan
+from hf_zero3.plan.memory import plan as plan_of
 from hf_zero3.plan.shapes import ModelShape, load_shape
 from hf_zero3.plan.types import Hardware, Training, describe
 from hf_zero3.units import current_names
@@ -26,6 +27,12 @@ H200X2 = Hardware(nodes=1, gpus_per_node=2, gpu_mem=141 * 10**9, host_ram=None)
 SEQ4096 = Training(seq_len=4096, micro_batch=1, grad_accum=4)
 SCRATCH = Training(seq_len=4096, micro_batch=1, grad_accum=4, load_bytes=4)  # built from a config: fp32 at load
 RECIPE_8B = RECIPE_CONFIGS["8b"].model_dump(exclude_unset=True)  # ZeRO-3 with 5e8-element buckets
+
+
+def plan(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec):
+    """The planner's figures for a run measured here: a plain `Trainer` script's loss (the whole fp32 logits, or
+    Liger's), not TRL's fused LM head that `hf-zero3 train` runs (`Training.trainer`)."""
+    return plan_of(shape, hardware, dataclasses.replace(training, trainer="transformers"), spec)
 
 
 def _spec(base: dict | ZeroSpec, **changes) -> ZeroSpec:

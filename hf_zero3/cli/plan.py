@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="training method: dpo/orpo/simpo put chosen and rejected through one forward (twice the "
                      "activations per pair); dpo and kto keep a reference model (a second ZeRO-3 partition, none "
                      "with LoRA or --precompute-ref); default: the stage of the recipe --model names, else sft")
+    run.add_argument("--trainer", choices=("trl", "transformers"), default="trl",
+                     help="whose loss: trl, the stage's TRL trainer as hf-zero3 train runs it (SFT, DPO, KTO: the "
+                     "fused LM head, logits in tiles); transformers, your own Trainer script (the whole fp32 logits, "
+                     "or Liger's fused linear cross-entropy)")
     run.add_argument("--precompute-ref", action="store_true", default=None,
                      help="the reference's log-probs are precomputed before training (no second model during it); "
                      "default: as the recipe --model names sets stage_args.precompute_ref_log_probs")
@@ -159,10 +163,11 @@ def main(args: argparse.Namespace) -> int:
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter,
-                        preference=preference)
+                        preference=preference, trainer=args.trainer)
         length = None if choice.fits else plan_length(
             shape, hardware, seq_len, precision=args.precision, attention=args.attention, liger=liger,
-            adapter=adapter, load_bytes=4 if args.from_scratch else None, preference=preference)
+            adapter=adapter, load_bytes=4 if args.from_scratch else None, preference=preference,
+            trainer=args.trainer)
     except (ModelError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -175,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({**answer, "length": length_json(length)}, indent=2))
     else:
         print_choice(shape, hardware, seq_len, choice, liger_why=liger_why)
-        for line in report_lines(length, shape, args.precision, args.attention) if length is not None else []:
+        for line in report_lines(length, shape, args.precision, args.attention, args.trainer) if length is not None else []:
             print(line)
         for line in cost_lines(choice, args.hardware):
             print(line)

@@ -4,8 +4,11 @@ TrainingArguments), among the options that give up memory on every axis.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hf_zero3.config import batch
 from hf_zero3.config.spec import ZeroSpec
+from hf_zero3.plan import length
 from hf_zero3.plan.choose import candidates, choose, offload_level
 from hf_zero3.plan.memory import plan
 from hf_zero3.plan.shapes import ModelShape
@@ -14,14 +17,19 @@ from hf_zero3.units import gb
 
 
 def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: ZeroSpec, *,
-               host: bool = False, ds_config_path: str | None = None) -> str:
+               host: bool = False, ds_config_path: str | None = None, sequence_parallel: int = 1,
+               tiled: bool = False) -> str:
     """The planner's next step after a CUDA OOM (or a host OOM with `host=True`), as exact overrides.
 
     The run just proved the prediction too low, so only steps that give up memory on every axis are
     considered (same or higher stage and offload, checkpointing kept, micro batch not larger, samples
     per GPU per step unchanged); of those that need less of the exhausted memory and are predicted to
-    fit, the cheapest in `cost_key` order is the answer.
+    fit, the cheapest in `cost_key` order is the answer. `training` holds whole sequences; with
+    `sequence_parallel` and `tiled` (the run's `sequence_parallel_size`, `tiled_compute`) each rank is planned with
+    its share (`length.per_rank`); when nothing more frugal fits the GPUs, the length is what does not fit: the
+    answer is more sequence parallelism or tiling, when that fits.
     """
+    whole, training = training, length.per_rank(training, sequence_parallel, tiled)
     current = plan(shape, hardware, training, spec)
     what = "host RAM" if host else "GPU memory"
     need = (lambda p: p.host_bytes) if host else (lambda p: p.gpu_bytes)
@@ -29,18 +37,42 @@ def oom_advice(shape: ModelShape, hardware: Hardware, training: Training, spec: 
     options = [p for p in candidates(shape, hardware, training.seq_len, global_batch=same_batch,
                                      precision=spec.precision, attention=training.attention, liger=training.liger,
                                      load_bytes=training.load_bytes, adapter=training.adapter,
-                                     preference=training.preference)
+                                     preference=training.preference, trainer=training.trainer)
                if _at_least_as_frugal(p, current, host) and need(p) < need(current)]
     nxt = next((p for p in options if p.fits), None)
     head = (f"hf_zero3: out of {what}. Planned for this run: {gb(need(current))} ({current.label}, "
             f"micro batch {training.micro_batch}).")
+    if nxt is None and not host:  # a preference stage is offered tiling only (`length.plan_length`)
+        step = _length_step(shape, hardware, whole, current, (sequence_parallel, tiled), ds_config_path)
+        if step:
+            return f"{head} {step}"
     if nxt is None:
         choice = choose(shape, hardware, training.seq_len, precision=spec.precision, attention=training.attention,
                         liger=training.liger, load_bytes=training.load_bytes, adapter=training.adapter,
-                        preference=training.preference)
+                        preference=training.preference, trainer=training.trainer)
         return f"{head} No more frugal option is predicted to fit. {choice.advice}".strip()
     return (f"{head} Next step (predicted {gb(need(nxt))}: {nxt.label}, micro batch {nxt.training.micro_batch}): "
             f"{_how(current, nxt, ds_config_path)}")
+
+
+def _length_step(shape: ModelShape, hardware: Hardware, whole: Training, current: Plan, now: tuple[int, bool],
+                 ds_config_path: str | None) -> str:
+    """More sequence parallelism or tiling that fits one sequence of the run's length, as overrides; "" when none
+    does."""
+    found = length.plan_length(shape, hardware, whole.seq_len, precision=current.spec.precision,
+                               attention=whole.attention, liger=whole.liger, adapter=whole.adapter,
+                               load_bytes=whole.load_bytes, preference=whole.preference, trainer=whole.trainer,
+                               beyond=now).best
+    if found is None:
+        return ""
+    same_batch = dataclasses.replace(found.choice.plan, training=current.training)  # keep micro batch and accumulation
+    parts = [f"--sequence_parallel_size {found.sp}"] if found.sp != now[0] else []
+    parts += ["--tiled_compute true"] if found.tiled and not now[1] else []
+    parts += [p for p in [_how(current, same_batch, ds_config_path)] if p]
+    note = (f" (each sequence split over {found.sp} ranks: {hardware.world_size // found.sp} data-parallel, so the "
+            f"same global batch needs {found.sp}x the accumulation)" if found.sp != now[0] else "")
+    return (f"The sequence ({whole.seq_len} tokens) is what does not fit: predicted {gb(found.choice.plan.gpu_bytes)} "
+            f"with {found.label}, {found.choice.plan.label}: {'; '.join(parts)}{note}")
 
 
 def _at_least_as_frugal(p: Plan, current: Plan, host: bool = False) -> bool:

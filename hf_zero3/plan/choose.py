@@ -120,8 +120,9 @@ def micro_batches(hardware: Hardware, global_batch: int | None, micro_batch: int
 def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
                micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
                load_bytes: int | None = None, liger: bool = False, adapter: Adapter | None = None,
-               preference: Preference | None = None) -> list[Plan]:
-    """Every configuration the planner considers, cheapest first (`adapter`, `preference`: see `Training`)."""
+               preference: Preference | None = None, trainer: str = "trl") -> list[Plan]:
+    """Every configuration the planner considers, cheapest first (`adapter`, `preference`, `trainer`: see
+    `Training`)."""
     plans, kept_seen = [], set()
     for rung in _rungs(hardware, precision, shape.params):
         if rung.offload_optimizer.ratio < 1:  # a ratio that keeps no more sub-groups than a smaller one adds nothing
@@ -141,7 +142,7 @@ def candidates(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_ba
                                    "activation_offload": offload, "gather_16bit_weights_on_save": gather,
                                    "micro_batch_size": micro, "gradient_accumulation_steps": accum,
                                    "global_batch_size": batch.global_batch(micro, accum, hardware.world_size)})
-                training = Training(seq_len, micro, accum, attention, load_bytes, liger, adapter, preference)
+                training = Training(seq_len, micro, accum, attention, load_bytes, liger, adapter, preference, trainer)
                 plans.append(plan(shape, hardware, training, spec))
                 if checkpointing and not offload:
                     plans += [p for p in [fewest_checkpointed(shape, hardware, training, spec)] if p is not None]
@@ -185,17 +186,18 @@ class Choice:
 def choose(shape: ModelShape, hardware: Hardware, seq_len: int, *, global_batch: int | None = None,
            micro_batch: int | None = None, precision: str = "bf16", attention: Attention = "sdpa",
            load_bytes: int | None = None, liger: bool = False, speed_table: tuple | None = None,
-           adapter: Adapter | None = None, preference: Preference | None = None) -> Choice:
+           adapter: Adapter | None = None, preference: Preference | None = None, trainer: str = "trl") -> Choice:
     """The fastest fitting configuration, with its ds_config and TrainingArguments overrides: the least offload, no
     checkpointing unless needed or measured faster (`plan.speed.faster_measured`), each stage at its largest fitting
     micro batch, and between ZeRO-2 and ZeRO-3 the one measured faster (`plan.speed.fastest`). A plan that fits only
     tightly (`Plan.tight`) is chosen only when no plan fits with the full margin.
 
     `load_bytes`: see `Training.load_bytes` (4 when the model is built from a config); `liger`: `Training.liger`;
-    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`); `adapter`: `Training.adapter`."""
+    `speed_table`: measurements to decide by (default `plan.speed.MEASURED`); `adapter`: `Training.adapter`;
+    `trainer`: `Training.trainer` (whose loss: TRL's fused LM head, or transformers' whole logits)."""
     kwargs = {"global_batch": global_batch, "micro_batch": micro_batch, "precision": precision,
               "attention": attention, "load_bytes": load_bytes, "liger": liger, "adapter": adapter,
-              "preference": preference}
+              "preference": preference, "trainer": trainer}
     tried = candidates(shape, hardware, seq_len, **kwargs)
     whole = [p for p in tried if not is_partial(p)]
     fitting = [p for p in whole if p.fits and not p.tight] or [p for p in whole if p.fits]

@@ -3,10 +3,10 @@
 Why its own module: at 32K-128K+ tokens the activations, not the weights, decide what fits, and the levers are
 others than the micro batch: Ulysses sequence parallelism (`sequence_parallel_size`) leaves each rank seq/N tokens
 of every layer (ZeRO-3 still shards the states over every rank), and tiled compute (`tiled_compute`) keeps one tile
-of the MLP's intermediate and of the logits instead of the whole sequence's. Each (N, tiling) is planned by the
-memory model at seq/N tokens per rank through `choose` (checkpointing and offload as it decides them); tiling is
-planned as Liger's fused linear cross-entropy and SwiGLU, the same logits saving and a little more MLP than the
-tiles keep, so the plan errs high.
+of the MLP's intermediate instead of the whole sequence's. Each (N, tiling) is planned by the memory model at seq/N
+tokens per rank through `choose` (checkpointing and offload as it decides them); tiling is planned as Liger's
+SwiGLU and RMSNorm, a little more MLP than the tiles keep, so the plan errs high. The logits are never whole with or
+without tiling: SFT's TRL trainer computes the loss through its fused LM head (`plan.lm_head`), planned as it is.
 """
 
 from __future__ import annotations
@@ -14,22 +14,27 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from hf_zero3.plan import lm_head
 from hf_zero3.plan.choose import Choice, choose
 from hf_zero3.plan.memory import LOGITS_BYTES_PER_VOCAB, element_bytes, layer_activation_bytes
 from hf_zero3.plan.shapes import ModelShape
-from hf_zero3.plan.types import Adapter, Hardware, Preference, describe
+from hf_zero3.plan.types import Adapter, Hardware, Preference, Training, describe
 
 SP_ATTENTIONS = ("sdpa", "flash_attention_2")
 """Attention kernels Ulysses wraps (eager keeps a full-length mask it cannot shard)."""
 
 
-def per_token(shape: ModelShape, precision: str, attention: str, tiled: bool) -> dict[str, int]:
+def per_token(shape: ModelShape, precision: str, attention: str, tiled: bool, trainer: str = "trl") -> dict[str, int]:
     """Bytes one token keeps for backward: in one decoder layer, and in the logits + loss. Tiled, the MLP's
-    intermediate (gate, act, up, product: 4 x ffn) and the logits exist one tile at a time, not per token."""
+    intermediate (gate, act, up, product: 4 x ffn) exists one tile at a time, not per token. The logits + loss are
+    TRL's fused LM head's, tiled or not (`trainer` "transformers": the whole fp32 logits, planned away by tiling as
+    Liger's fused cross-entropy)."""
     b = element_bytes(precision)
     layer = layer_activation_bytes(shape, precision, 1, "sdpa" if attention == "eager" and tiled else attention)
     if tiled:
         layer -= 4 * b * shape.active_ffn
+    if trainer == "trl":
+        return {"layer": layer, "logits": lm_head.per_token_bytes(shape.hidden, b)}
     return {"layer": layer, "logits": 0 if tiled else LOGITS_BYTES_PER_VOCAB * shape.vocab}
 
 
@@ -76,40 +81,65 @@ class LengthPlan:
     why_not: str = ""
 
 
+def per_rank(training: Training, sp: int, tiled: bool) -> Training:
+    """What one rank of a run with `sequence_parallel_size` sp and `tiled_compute` processes, as the memory model
+    plans it: seq/sp tokens of each sequence, tiling planned as Liger's SwiGLU and norms (it errs high)."""
+    return dataclasses.replace(training, seq_len=max(1, training.seq_len // max(sp, 1)), liger=training.liger or tiled)
+
+
+def with_run_args(choice: Choice, sp: int, tiled: bool, liger: bool) -> Choice:
+    """The choice's TrainingArguments for the run: tiling in place of the Liger that stood in for it in the plan,
+    and the sequence-parallel size."""
+    if not choice.fits:
+        return choice
+    args = {k: v for k, v in choice.training_args.items() if k != "use_liger_kernel" or liger}
+    return dataclasses.replace(choice, training_args={**args, **({"sequence_parallel_size": sp} if sp > 1 else {}),
+                                                      **({"tiled_compute": True} if tiled else {})})
+
+
 def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precision: str = "bf16",
                 attention: str = "sdpa", liger: bool = False, adapter: Adapter | None = None,
-                load_bytes: int | None = None, preference: Preference | None = None) -> LengthPlan:
+                load_bytes: int | None = None, preference: Preference | None = None, trainer: str = "trl",
+                beyond: tuple[int, bool] | None = None) -> LengthPlan:
     """The least sequence parallelism (least all-to-all traffic), untiled before tiled, that fits one sequence of
-    `seq_len` per micro batch; or, when nothing does, what came closest and why."""
-    tried = []
-    for sp in degrees(shape, hardware, seq_len, attention):
+    `seq_len` per micro batch; or, when nothing does, what came closest and why. `beyond` (sp, tiled): only options
+    with at least as much of both, other than that one (the next step after a run of it ran out of memory). A
+    preference stage (`preference`) counts its pairs and reference, and is offered tiling only."""
+    tried = []  # sequence parallelism runs stage sft only (a preference trainer does not shard its pairs): tiling
+    for sp in degrees(shape, hardware, seq_len, attention) if preference is None else [1]:
         for tiled in (False, True):
+            if beyond is not None and (sp < beyond[0] or tiled < beyond[1] or (sp, tiled) == beyond):
+                continue
             choice = choose(shape, hardware, seq_len // sp, micro_batch=1, precision=precision, attention=attention,
-                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, preference=preference)
-            if choice.fits:  # the run's arguments: tiling in place of the Liger that stood in for it in the plan
-                args = {k: v for k, v in choice.training_args.items() if k != "use_liger_kernel" or liger}
-                choice = dataclasses.replace(choice, training_args={
-                    **args, **({"sequence_parallel_size": sp} if sp > 1 else {}),
-                    **({"tiled_compute": True} if tiled else {})})
+                            liger=liger or tiled, adapter=adapter, load_bytes=load_bytes, preference=preference,
+                            trainer=trainer)
+            choice = with_run_args(choice, sp, tiled, liger)
             option = LengthOption(sp, tiled, choice, all_to_all_bytes(shape, seq_len, sp, precision))
             tried.append(option)
             if choice.fits:
                 return LengthPlan(seq_len, tuple(tried), option)
+    if not tried:
+        return LengthPlan(seq_len, (), None, f"no larger sequence_parallel_size or tiling to try for {seq_len} tokens")
     last = tried[-1]
     closest = min((p for o in tried for p in o.choice.tried), key=lambda p: p.gpu_bytes, default=None)
+    fix = ("more GPUs (a larger sequence_parallel_size) or a shorter sequence" if preference is None else
+           "a shorter sequence (sequence parallelism runs stage sft only)")
     why = (f"nothing fits {seq_len} tokens on {hardware.world_size} GPU(s): the most that was tried ({last.label}) "
            f"still needs {closest.gpu_bytes / 2**30:.1f} GiB of GPU memory at best ({describe(closest.spec)}), "
-           f"against {hardware.gpu_mem / 2**30:.1f} GiB; more GPUs (a larger sequence_parallel_size) or a shorter "
-           "sequence") if closest else f"nothing fits {seq_len} tokens: {last.choice.advice}"
+           f"against {hardware.gpu_mem / 2**30:.1f} GiB; {fix}") if closest else \
+        f"nothing fits {seq_len} tokens: {last.choice.advice}"
     return LengthPlan(seq_len, tuple(tried), None, why)
 
 
-def report_lines(length: LengthPlan, shape: ModelShape, precision: str, attention: str) -> list[str]:
+def report_lines(length: LengthPlan, shape: ModelShape, precision: str, attention: str,
+                 trainer: str = "trl") -> list[str]:
     """`plan`'s length section: per-token activations with and without tiling, each degree tried, the answer."""
-    plain, tiled = (per_token(shape, precision, attention, t) for t in (False, True))
+    plain, tiled = (per_token(shape, precision, attention, t, trainer) for t in (False, True))
+    logits = (f"the logits + loss {plain['logits']:,} B (TRL's fused LM head: the logits one {lm_head.TOKEN_TILE} x "
+              f"{lm_head.VOCAB_TILE} tile at a time, tiled or not)" if trainer == "trl" else
+              f"the logits + loss {plain['logits']:,} B ({tiled['logits']:,} B tiled: one tile at a time)")
     head = (f"length    {length.seq_len} tokens: per token, a layer keeps {plain['layer']:,} B "
-            f"({tiled['layer']:,} B tiled), the logits + loss {plain['logits']:,} B ({tiled['logits']:,} B tiled: "
-            "one tile at a time)")
+            f"({tiled['layer']:,} B tiled), {logits}")
     lines = [head]
     for option in length.tried:
         traffic = f", all-to-all {option.all_to_all / 1e9:.2f} GB per rank per sequence" if option.sp > 1 else ""

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from hf_zero3.config.spec import ZeroSpec
-from hf_zero3.plan import preference
+from hf_zero3.plan import lm_head, preference
 from hf_zero3.plan.lora import linear_layers
 from hf_zero3.plan.partitions import (
     gpu_kept_optimizer_elements,
@@ -358,9 +358,13 @@ def activation_offload_terms(x: Breakdown, stored: int, final_norm: int) -> None
 
 
 def loss_terms(x: Breakdown) -> int:
-    """The loss's memory: Liger's fused linear cross-entropy, or the whole fp32 logits. Returns the logits' bytes per
-    token (0 with Liger), which backward's working set reuses."""
+    """The loss's memory: TRL's fused LM head (`plan.lm_head`), Liger's fused linear cross-entropy, or the whole fp32
+    logits. Returns the logits' bytes per token (0 unless whole), which backward's working set reuses."""
     b, H, t, vocab = x.b, x.H, x.training.tokens, x.shape.vocab
+    if lm_head.fused(x.training):  # trl.trainer.utils.add_fused_lm_head: tiles, recomputed in backward
+        held, formula = lm_head.fused_bytes(t, H, vocab, b, head_trains=not x.lora)
+        x.add("gpu", "fused LM head + loss (TRL, in tiles)", held, formula, "activation", phase="backward")
+        return lm_head.freed_per_token(held, t, H, b)  # gone before the layers' backward, as the logits are
     if x.training.liger:  # liger_kernel.ops.fused_linear_cross_entropy: logits chunk by chunk, gradients in forward
         chunk = min(t, 1 << max(0, math.ceil(t / math.ceil(vocab / H)) - 1).bit_length())
         head = 0 if x.lora else b * vocab * H  # a frozen lm_head gets no gradient

@@ -101,9 +101,12 @@ def _print_options(choice, out) -> None:
 def _print_choice(shown, hardware, choice, out, liger_why: str) -> None:
     """The choice and its batch math (or what is closest and why nothing fits), the saves, Liger and the notes."""
     if choice.fits:
-        t = shown.training
-        out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x "
-            f"{hardware.world_size} GPUs = global batch {batch.global_batch(t.micro_batch, t.grad_accum, hardware.world_size)}")
+        t, sp = shown.training, choice.training_args.get("sequence_parallel_size", 1)
+        ranks = batch.data_parallel(hardware.world_size, sp)  # a sequence-parallel group shares each sequence
+        who = f"{hardware.world_size} GPUs" if sp == 1 else \
+            f"{ranks} data-parallel ranks ({hardware.world_size} GPUs / sequence parallel {sp})"
+        out(f"choice    {shown.label}: micro batch {t.micro_batch} x accumulation {t.grad_accum} x {who} = global "
+            f"batch {batch.global_batch(t.micro_batch, t.grad_accum, ranks)}")
         if hardware.host_ram is None:
             out(f"          needs {gb(shown.host_bytes)} host RAM per node (not checked: pass --host-ram)")
         if choice.speed:

@@ -154,6 +154,10 @@ class Training:
     preference: Preference | None = None
     """A preference stage (DPO, ORPO, KTO, ...; `plan.preference`): the sequences each example puts through one forward
     and the reference model it keeps. None: SFT."""
+    trainer: Literal["trl", "transformers"] = "trl"
+    """Whose loss: "trl", the stage's TRL trainer, as `hf-zero3 train` runs it (SFT, DPO, KTO: TRL's fused LM head,
+    the logits in tiles; ORPO, SimPO: the whole logits, or Liger's); "transformers", the stock Trainer (the whole
+    logits, or Liger's fused linear cross-entropy): what the runs of the planner's measurements ran (`plan.lm_head`)."""
 
     @property
     def trainable(self) -> int | None:
@@ -168,6 +172,8 @@ class Training:
             raise PlanError(f"load_bytes must be 2 or 4 (got {self.load_bytes})")
         if self.attention not in ATTENTIONS:
             raise PlanError(f"attention must be sdpa, flash_attention_2 or eager (got {self.attention!r})")
+        if self.trainer not in ("trl", "transformers"):
+            raise PlanError(f"trainer must be trl or transformers (got {self.trainer!r})")
 
     @property
     def tokens(self) -> int:

@@ -26,10 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hf_zero3 import recipes, units
+from hf_zero3.config import batch
 from hf_zero3.config.check import check_ds_config, has_errors, load_config
 from hf_zero3.config.spec import EVERY_PARAMETER
 from hf_zero3.plan.choose import choose
 from hf_zero3.plan.hardware import detect_hardware
+from hf_zero3.plan.length import per_rank, plan_length, report_lines, with_run_args
 from hf_zero3.plan.memory import gathers_are_views, persists_every_parameter, plan
 from hf_zero3.plan.profiles import FIXED_TERMS, PROFILES
 from hf_zero3.plan.report import print_choice
@@ -171,21 +173,47 @@ def _plan(values, facts: RunFacts, config, launch: Launch, recipe: Path, env, ta
                             host_ram=sizes["HOST_RAM"]), config, target, headroom)
         lora_adapter = _lora_adapter(shape, values)
         preference = facts.preference(lora=lora_adapter is not None)  # a preference stage: its pairs and reference
-        best_choice = choose(shape, hardware, seq, global_batch=facts.global_batch(launch.world_size),
-                             micro_batch=micro, precision=facts.precision, attention=facts.attention,
-                             load_bytes=load_bytes, liger=facts.liger, adapter=lora_adapter, preference=preference)
+        whole = Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, lora_adapter, preference)
+        training = per_rank(whole, facts.sequence_parallel, facts.tiled_compute)  # one rank's share of a sequence
+        best_choice = with_run_args(choose(
+            shape, hardware, training.seq_len, global_batch=batch.global_batch(micro, accum, launch.world_size),
+            micro_batch=micro, precision=facts.precision, attention=facts.attention, load_bytes=load_bytes,
+            liger=training.liger, adapter=lora_adapter, preference=preference),
+            facts.sequence_parallel, facts.tiled_compute, facts.liger)
+        length = _length(shape, hardware, facts, whole, best_choice)
     except (ModelError, PlanError) as e:
         print(f"recipe    not planned: {e}")
         return 1
-    print(f"plan      {recipe.name if own else model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}, "
-          f"{facts.describe(launch.world_size)}, {facts.precision}, {facts.attention}"
-          + (", Liger" if facts.liger else "") + (", from scratch" if from_scratch else "")
-          + (f", stage {facts.stage}" + (" (reference log-probs precomputed)" if facts.precompute_ref else "")
-             if facts.stage != "sft" else "") + "\n")
-    print_choice(shape, hardware, seq, best_choice)
+    print(f"plan      {recipe.name if own else model}, {launch.nodes} node(s) x {launch.gpus} GPUs, seq {seq}"
+          + _run_line(facts, launch, training.seq_len, from_scratch) + "\n")
+    if length is not None and length.best is not None:  # sequence parallelism or tiling makes it fit
+        best_choice = length.best.choice
+    print_choice(shape, hardware, training.seq_len, best_choice)
+    for line in report_lines(length, shape, facts.precision, facts.attention) if length is not None else []:
+        print(line)
     rc = 0 if best_choice.fits else 1
-    training = Training(seq, micro, accum, facts.attention, load_bytes, facts.liger, lora_adapter, preference)
     return max(rc, _measure_recipe(shape, hardware, training, facts.spec(config), best_choice.plan, recipe))
+
+
+def _run_line(facts: RunFacts, launch: Launch, rank_seq: int, from_scratch: bool) -> str:
+    """The dry run's plan line after the sequence length: each rank's share, the run's facts, its stage."""
+    return ((f" ({rank_seq} per rank: sequence parallel {facts.sequence_parallel})"
+             if facts.sequence_parallel > 1 else "")
+            + f", {facts.describe(launch.world_size)}, {facts.precision}, {facts.attention}"
+            + (", tiled compute" if facts.tiled_compute else "") + (", Liger" if facts.liger else "")
+            + (", from scratch" if from_scratch else "")
+            + (f", stage {facts.stage}" + (" (reference log-probs precomputed)" if facts.precompute_ref else "")
+               if facts.stage != "sft" else ""))
+
+
+def _length(shape, hardware, facts: RunFacts, whole: Training, choice):
+    """The length plan when the run, as set, does not fit and sets neither sequence parallelism nor tiling (a long
+    block_size: `plan --seq-len`'s answer); None otherwise."""
+    if choice.fits or facts.sequence_parallel > 1 or facts.tiled_compute:
+        return None
+    return plan_length(shape, hardware, whole.seq_len, precision=facts.precision, attention=facts.attention,
+                       liger=facts.liger, adapter=whole.adapter, load_bytes=whole.load_bytes,
+                       preference=whole.preference)
 
 
 def _measure_recipe(shape, hardware, training: Training, spec, best, recipe: Path) -> int:

@@ -59,4 +59,5 @@ def oom_advice_for_run(model_config: Any, training_args: Any, seq_len: int, *, h
                         adapter=adapter, preference=facts.preference(lora=adapter is not None))
     path = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
     return oom_advice(shape_from_config(model_config), hardware or this_machine(training_args), training, spec,
-                      host=host, ds_config_path=path)
+                      host=host, ds_config_path=path, sequence_parallel=facts.sequence_parallel,
+                      tiled=facts.tiled_compute)

@@ -34,9 +34,6 @@ VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """Flash attention's precomputed boundaries: whole-sequence values the adapter cannot shard; after the gather the
 kernel finds the same boundaries from the position_ids."""
 
-IGNORE = -100
-
-
 def size_of(values: dict[str, Any]) -> int:
     size = values.get("sequence_parallel_size")
     return 1 if size is None else int(size)
@@ -113,29 +110,18 @@ def parallelism_config(sp: int, attention: str):
 
 
 class ShardableCollator:
-    """The run's collator, its batches made ready for the sequence-sharding data loader: position_ids (positions
-    from 0 where the data has none), flash attention's whole-sequence boundaries dropped, and the length padded to a
-    multiple of the sequence-parallel size (labels -100, positions from 0: a separate example no token attends to)."""
+    """The run's collator, its batches made ready for the sequence-sharding data loader: flash attention's
+    whole-sequence boundaries dropped. TRL's collator does the rest: position_ids (SFTTrainer asks for them under
+    sequence parallelism) and the length padded to a multiple of the sequence-parallel size (`pad_to_multiple_of`,
+    set by `run.sft.as_sft_config`: labels -100, positions 0)."""
 
-    def __init__(self, collator, multiple: int, pad_token_id: int):
-        self.collator, self.multiple, self.pad = collator, multiple, pad_token_id
+    def __init__(self, collator):
+        self.collator = collator
 
     def __call__(self, features: list[dict]) -> dict:
         batch = dict(self.collator(features))
         for key in VARLEN_KEYS:
             batch.pop(key, None)
-        ids = batch["input_ids"]
-        if "position_ids" not in batch:
-            batch["position_ids"] = torch.arange(ids.shape[1]).expand_as(ids).clone()
-        missing = -ids.shape[1] % self.multiple
-        if missing:
-            fill = {"input_ids": self.pad, "labels": IGNORE, "attention_mask": 0}
-            for key, value in batch.items():
-                if key == "position_ids":
-                    tail = torch.arange(missing, dtype=value.dtype).expand(value.shape[0], missing)
-                    batch[key] = torch.cat([value, tail], dim=1)
-                elif torch.is_tensor(value) and value.dim() == 2 and value.shape == ids.shape:
-                    batch[key] = torch.nn.functional.pad(value, (0, missing), value=fill.get(key, 0))
         return batch
 
 
@@ -192,14 +178,11 @@ def prepare(model, training_args, packed: bool) -> None:
         print(describe(training_args, attention, packed), flush=True)
 
 
-def shard_batches(trainer, tokenizer) -> None:
+def shard_batches(trainer) -> None:
     """The Trainer's collator made shardable for the sequence-sharding data loader (nothing without sequence
     parallelism)."""
-    sp = getattr(trainer.args, "sequence_parallel_size", 1)
-    if sp <= 1:
-        return
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    trainer.data_collator = ShardableCollator(trainer.data_collator, sp, pad)
+    if getattr(trainer.args, "sequence_parallel_size", 1) > 1:
+        trainer.data_collator = ShardableCollator(trainer.data_collator)
 
 
 def resumable(trainer) -> None:

@@ -38,7 +38,10 @@ def as_sft_config(training_args: TrainingArguments, data_args, layout: str) -> S
         if f.name not in mine:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             setattr(training_args, f.name, default)
-    training_args.pad_to_multiple_of = None  # SFTConfig's "auto" is resolved in its __post_init__: None off Neuron
+    # SFTConfig's "auto" is resolved in its __post_init__ (None off Neuron); under sequence parallelism each sequence
+    # splits into equal shards, so TRL's collator pads it to a multiple of the group
+    sp = getattr(training_args, "sequence_parallel_size", 1)
+    training_args.pad_to_multiple_of = sp if sp > 1 else None
     training_args.max_length = data_args.block_size
     training_args.packing = layout == PACKED
     training_args.packing_strategy = "bfd"
@@ -52,8 +55,9 @@ class PackedRows(DataCollatorForLanguageModeling):
     micro batch into one row, right for flash attention's varlen kernels; without them one row of B x L tokens
     costs (B x L)^2 attention where B rows cost B x L^2 (on the tiny recipe's CPU chat run, 2.5x the step time)."""
 
-    def __init__(self, pad_token_id: int):
-        super().__init__(pad_token_id=pad_token_id, padding_free=False, return_position_ids=True)
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+        super().__init__(pad_token_id=pad_token_id, padding_free=False, return_position_ids=True,
+                         pad_to_multiple_of=pad_to_multiple_of)
 
     def torch_call(self, examples: list[dict]) -> dict:
         batch = super().torch_call(examples)
@@ -95,7 +99,7 @@ def sft_trainer(model, training_args, data_args, prepared: Prepared, tokenizer):
                          processing_class=tokenizer)
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     if prepared.layout == PACKED and not flattens(attention_of(base)):
-        trainer.data_collator = PackedRows(trainer.data_collator.pad_token_id)
+        trainer.data_collator = PackedRows(trainer.data_collator.pad_token_id, args.pad_to_multiple_of)
     return trainer
 
 

@@ -234,7 +234,7 @@ def _trainer(model, tokenizer, model_args, data_args, training_args, preemption,
                                lambda: _reference_model(model_args, training_args, model))
     except ValueError as e:  # packing that would cross-talk, a Liger loss TRL cannot use, ...
         raise UsageError(str(e)) from e
-    sequence_parallel.shard_batches(trainer, tokenizer)
+    sequence_parallel.shard_batches(trainer)
     if stage.columns is not None:  # the model card names the stage (each checkpoint's marker records it)
         sources["stage"] = trainer.stage_description
     for callback in callbacks:  # the real tokens of a row, known once TRL has packed them

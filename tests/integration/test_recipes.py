@@ -220,7 +220,7 @@ def test_make_plan_70b_on_a_machine_without_gpus():
     assert "/local_nvme does not exist on this machine" in out and "1 finding(s) for world size 8" in out
     assert plan_line(out, "hardware") == ("1 node(s) x 8 GPUs x 42.3 GB; host RAM 1,237.0 GB/node; NVMe 8,000.0 GB free "
                                           "at /local_nvme")
-    assert plan_line(out, "recipe") == ("70b: ZeRO-3 + offload optimizer (nvme) + checkpointing, micro batch 1: 36.6 GB "
+    assert plan_line(out, "recipe") == ("70b: ZeRO-3 + offload optimizer (nvme) + checkpointing, micro batch 1: 36.7 GB "
                                         "per GPU, 505.9 GB host RAM per node: fits (the planner's choice)")
 
 
@@ -231,7 +231,7 @@ def test_make_plan_70b_for_two_nodes_of_four(tmp_path):
     assert not (tmp_path / "hosts").exists()  # a dry run writes nothing
     assert (f"deepspeed --hostfile={tmp_path / 'hosts'} --num_nodes=2 --num_gpus=4 --master_port=29500 train.py "
             "recipes/70b/train_args.yaml --deepspeed recipes/70b/ds_config.json") in proc.stdout
-    assert "36.6 GB per GPU, 325.4 GB host RAM per node: fits" in proc.stdout
+    assert "36.7 GB per GPU, 325.4 GB host RAM per node: fits" in proc.stdout
 
 
 def test_make_plan_fails_when_the_recipe_does_not_fit_the_gpus_asked_for():

@@ -97,16 +97,29 @@ def test_a_good_sequence_parallel_run_and_a_fixed_deepspeed_pass():
     assert sequence_parallel.reduce_scatter_problem(off, 2, deepspeed_version="0.19.8") is not None
 
 
-def test_the_collator_adds_positions_pads_to_the_group_and_drops_whole_sequence_boundaries():
-    def base(features):
-        return {"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.ones(2, 5, dtype=torch.long),
-                "cu_seq_lens_q": torch.tensor([0, 5]), "max_length_q": 5, "use_cache": False}
+def test_trls_collator_pads_to_the_group_and_ours_drops_whole_sequence_boundaries(tmp_path):
+    """Under sequence parallelism the run asks TRL's collator for lengths that divide by the group
+    (`pad_to_multiple_of`, with position_ids as SFTTrainer asks for them); ours drops flash attention's boundaries."""
+    import types
 
-    batch = sequence_parallel.ShardableCollator(base, 4, pad_token_id=3)([])
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from hf_zero3.job.arguments import TrainingArguments
+    from hf_zero3.run.sft import PackedRows, as_sft_config
+
+    data = types.SimpleNamespace(block_size=128, preprocessing_num_workers=None)
+    for sp, multiple in ((4, 4), (1, None)):
+        args = TrainingArguments(output_dir=str(tmp_path), sequence_parallel_size=sp, report_to=[], use_cpu=True)
+        assert as_sft_config(args, data, "padded").pad_to_multiple_of == multiple
+    trl = DataCollatorForLanguageModeling(pad_token_id=3, pad_to_multiple_of=4, return_position_ids=True)
+    batch = sequence_parallel.ShardableCollator(trl)([{"input_ids": [5, 6, 7, 8, 9]}, {"input_ids": [5, 6]}])
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (2, 8)
-    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # the padding is an example of its own
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0]  # padding: examples of their own
     assert batch["labels"][0, 5:].tolist() == [-100] * 3 and batch["input_ids"][0, 5:].tolist() == [3] * 3
-    assert "cu_seq_lens_q" not in batch and "max_length_q" not in batch and batch["use_cache"] is False
+    flat = DataCollatorForLanguageModeling(pad_token_id=3, pad_to_multiple_of=4, padding_free=True)
+    batch = sequence_parallel.ShardableCollator(flat)([{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6]}])
+    assert batch["input_ids"].shape == (1, 8) and not set(sequence_parallel.VARLEN_KEYS) & set(batch)
+    assert PackedRows(3, 4)([{"input_ids": [5, 6, 7], "seq_lengths": [2, 1]}])["input_ids"].shape == (1, 4)
 
 
 def test_the_packed_mask_is_causal_within_each_example_only():
@@ -125,10 +138,12 @@ def test_the_planner_reaches_a_length_with_tiling_on_one_gpu():
     from hf_zero3.plan.types import Hardware
     from hf_zero3.units import GB
 
-    shape = _llama8b()
-    one = plan_length(shape, Hardware(1, 1, 141 * GB, 2000 * GB), 131072)
+    shape, h200 = _llama8b(), Hardware(1, 1, 141 * GB, 2000 * GB)
+    # TRL's fused LM head never holds the logits (1.5 MB a token whole): 128K tokens fit untiled
+    assert (plan_length(shape, h200, 131072).best.sp, plan_length(shape, h200, 131072).best.tiled) == (1, False)
+    one = plan_length(shape, h200, 327680)
     assert one.best is not None and (one.best.sp, one.best.tiled) == (1, True)
-    assert not one.tried[0].choice.fits  # untiled, the logits alone are 1.5 MB a token
+    assert not one.tried[0].choice.fits  # untiled, the MLPs' intermediates do not fit
     assert one.best.choice.training_args["tiled_compute"] is True
     assert "use_liger_kernel" not in one.best.choice.training_args
     # on a node: test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit
@@ -149,8 +164,10 @@ def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
 
     shape = _llama8b()
     plain, tiled = per_token(shape, "bf16", "sdpa", False), per_token(shape, "bf16", "sdpa", True)
-    assert plain["layer"] - tiled["layer"] == 4 * 2 * shape.ffn and plain["logits"] == 12 * shape.vocab
-    assert tiled["logits"] == 0
+    # TRL's fused LM head, tiled or not: the fp32 input gradient, its cast, the kept input, a few vectors
+    assert plain["layer"] - tiled["layer"] == 4 * 2 * shape.ffn and plain["logits"] == tiled["logits"] == 8 * 4096 + 32
+    stock = per_token(shape, "bf16", "sdpa", False, trainer="transformers")  # a plain Trainer's whole logits
+    assert stock["logits"] == 12 * shape.vocab and per_token(shape, "bf16", "sdpa", True, "transformers")["logits"] == 0
     # q, k, v and the output: (2 x 4096 + 2 x 1024) x 2 B per token per layer, 7/8 of it to other ranks, fwd + bwd
     assert all_to_all_bytes(shape, 8192, 8, "bf16") == 2 * 32 * (1024 * 2 * 10240 * 7 // 8)
     assert all_to_all_bytes(shape, 8192, 1, "bf16") == 0
@@ -173,9 +190,9 @@ def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsy
     from hf_zero3.cli import main
 
     node = ["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu-mem", "80GB", "--host-ram", "2TB"]
-    assert main([*node, "--gpus", "2", "--seq-len", "262144"]) == 0
+    assert main([*node, "--gpus", "2", "--seq-len", "327680"]) == 0
     out = capsys.readouterr().out
-    assert "length    sequence_parallel_size 2, tiled_compute true (131072 tokens per rank), all-to-all" in out, out
+    assert "length    sequence_parallel_size 2, tiled_compute true (163840 tokens per rank), all-to-all" in out, out
     assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
     assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
     assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out
@@ -206,3 +223,58 @@ def test_train_refuses_a_bad_sequence_parallel_run_before_start_naming_each_fix(
     error_naming(err, "block_size 127", "multiple of 2")
     error_naming(err, "attn_implementation eager", "set attn_implementation sdpa")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequence_parallelism():
+    from hf_zero3.config.presets import STANDALONE_CONFIGS
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.advice import oom_advice
+    from hf_zero3.plan.length import per_rank
+    from hf_zero3.plan.memory import plan
+    from hf_zero3.plan.types import Hardware, Training
+    from hf_zero3.units import GB, gb
+
+    shape, long = _llama8b(), Training(327680)
+    frugal = ZeroSpec(**{**STANDALONE_CONFIGS["zero3_offload_optimizer"].model_dump(exclude_unset=True),
+                         "activation_checkpointing": True, "activation_offload": True})
+    one = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), long, frugal)
+    assert "The sequence (327680 tokens) is what does not fit" in one and "--tiled_compute true" in one
+    assert "--sequence_parallel_size" not in one
+    two = oom_advice(shape, Hardware(1, 2, 80 * GB, 2000 * GB), long, ZeroSpec(stage=3, activation_checkpointing=True))
+    assert "--sequence_parallel_size 2; --tiled_compute true" in two and "2x the accumulation" in two
+    # a run with sequence parallelism is planned at its share of each sequence, and only more of it is offered
+    node = Hardware(1, 2, 80 * GB, 2000 * GB)
+    shared = oom_advice(shape, node, long, frugal, sequence_parallel=2)
+    assert f"Planned for this run: {gb(plan(shape, node, per_rank(long, 2, False), frugal).gpu_bytes)}" in shared
+    assert "--tiled_compute true" in shared and "--sequence_parallel_size" not in shared
+    from hf_zero3.plan.preference import preference_of
+
+    pairs = oom_advice(shape, node, Training(327680, preference=preference_of("dpo")), frugal)
+    assert "--sequence_parallel_size" not in pairs  # sequence parallelism runs SFT only
+    pairs = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), Training(131072, preference=preference_of("dpo")),
+                       frugal)
+    assert "The sequence (131072 tokens) is what does not fit" in pairs and pairs.endswith("--tiled_compute true")
+
+
+def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from hf_zero3.config.build import build_ds_config
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.types import Hardware
+    from hf_zero3.run.oom import oom_advice_for_run
+    from hf_zero3.units import GB
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256)
+    args = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(config=build_ds_config(ZeroSpec(stage=3))),
+                           deepspeed="ds.json", bf16=True, fp16=False, gradient_checkpointing=True, world_size=2,
+                           per_device_train_batch_size=1, gradient_accumulation_steps=1)
+    node = Hardware(1, 2, 80 * GB, 2000 * GB)
+    plain = oom_advice_for_run(config, args, 65536, hardware=node)
+    shared = oom_advice_for_run(config, SimpleNamespace(**vars(args), sequence_parallel_size=2, tiled_compute=True),
+                                65536, hardware=node)
+    planned = lambda text: float(text.split("Planned for this run: ")[1].split(" GB")[0].replace(",", ""))
+    assert planned(plain) - planned(shared) > 25  # one rank's 32768 tokens of checkpoints and recompute, MLPs tiled

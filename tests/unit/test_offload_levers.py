@@ -150,7 +150,7 @@ def test_profiles_carry_their_figures_and_an_unknown_name_lists_the_known_ones()
 
 def test_plan_cli_with_a_named_machine(capsys):
     assert main(["plan", "--model", "70b", "--hardware", "nd-a100-v4", "--headroom", "0.1", "--global-batch", "64",
-                 "--json"]) == 0
+                 "--json", "--trainer", "transformers"]) == 0  # a plain Trainer script's whole logits
     out = json.loads(capsys.readouterr().out)
     assert out["hardware"]["profile"] == "nd-a100-v4" and out["hardware"]["host_ram"] == 900 * GiB
     assert out["choice"]["option"] == "ZeRO-3 + offload optimizer (nvme) + checkpointing"
@@ -245,7 +245,7 @@ def test_host_oom_advice_offers_a_smaller_partial_offload_ratio():
 def test_an_unpinned_choice_says_what_it_costs(capsys):
     """Unpinned host buffers fit where pinned ones do not, at a measured price: the plan says so next to the choice."""
     assert main(["plan", "--model", "10b-h200x1", "--hardware", "h200x1", "--headroom", "0.1",
-                 "--global-batch", "8"]) == 0
+                 "--global-batch", "8", "--trainer", "transformers"]) == 0  # as measured: transformers' Trainer
     out = capsys.readouterr().out
     error_naming(plan_line(out, "choice"), "not pinned", "saves ZeRO shards", "micro batch 1")
     cost = next(c for c in plan_lines(out, "cost") if c.startswith("host buffers not pinned"))

@@ -42,7 +42,7 @@ def test_seed_command_table(capsys):
     error_naming(choice, "micro batch 1", "accumulation 1", "8 GPUs")
     error_naming(out, "1,668.2 GB host RAM per node", "--host-ram")  # pinned blocks rounded up, the save's gather
     assert "host RAM not given" in out
-    for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "logits + loss (fp32 cross-entropy)",
+    for term in ("parameters, 16-bit", "gathered params (live)", "reduce bucket", "fused LM head + loss (TRL, in tiles)",
                  "CUDA context + NCCL buffers", "fp32 master weights + Adam m, v", "torch.cuda.max_memory_allocated"):
         assert term in out
     error_naming(out, "--gradient_checkpointing true", "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'")

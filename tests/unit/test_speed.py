@@ -20,12 +20,16 @@ from tests.conftest import ROOT, error_naming, plan_line
 S8 = load_shape("8b")
 H200X2 = Hardware(1, 2, 140 * 2**30, None)
 
+STOCK = "transformers"
+"""The loss of transformers' Trainer (the whole logits, or Liger's): what the measured runs and the by-hand
+figures below ran, before hf-zero3 train ran TRL's fused LM head."""
+
 
 def _report_medians(path: str) -> dict[str, tuple[int, int]]:
     """config -> (median tokens/s/GPU, runs) from a bench report's first table."""
     out = {}
     for name, tps, runs in re.findall(r"^\| (\w+) \| (\d+) \| [^\n]*\| (\d+): \d+-\d+ \|$", (ROOT / path).read_text(),
-                                      re.M):
+                                      re.MULTILINE):
         out.setdefault(name, (int(tps), int(runs)))
     return out
 
@@ -59,12 +63,12 @@ def test_8b_on_2xh200_with_liger_picks_recipe_8b_v2_by_measured_speed():
 def test_without_a_lower_bound_for_both_stages_the_memory_order_stands_and_says_so():
     """Without Liger ZeRO-3 fits micro 1 only with room (micro 2 is tight); no ZeRO-3 row has micro <= 1 and no Liger,
     so no measurement can speak for it: ZeRO-2 first, as memory orders it."""
-    choice = choose(S8, H200X2, 4096, global_batch=12)
+    choice = choose(S8, H200X2, 4096, global_batch=12, trainer=STOCK)
     assert (choice.plan.label, choice.plan.training.micro_batch) == ("ZeRO-2", 1)
     assert "use_liger_kernel" not in choice.training_args
     assert "no measurement of both" in choice.speed and "memory-only order: ZeRO-2 first" in choice.speed
     # other hardware: the 140 GiB rows do not apply to 80 GiB GPUs
-    other = choose(S8, Hardware(1, 8, 80 * 2**30, None), 4096, global_batch=64, liger=True)
+    other = choose(S8, Hardware(1, 8, 80 * 2**30, None), 4096, global_batch=64, liger=True, trainer=STOCK)
     assert other.plan.spec.stage == 2 and "no measurement of both" in other.speed
 
 
@@ -83,20 +87,21 @@ def test_a_measured_faster_zero2_wins_and_a_faster_row_from_another_machine_is_i
 
 def test_checkpointing_only_when_nothing_fits_without_it():
     small = Hardware(1, 2, 100 * 2**30, None)  # 8B without Liger on 2 x 100 GiB: nothing fits without recomputation
-    choice = choose(S8, small, 4096, global_batch=12)
+    choice = choose(S8, small, 4096, global_batch=12, trainer=STOCK)
     assert choice.plan.label == "ZeRO-3 + checkpointing" and choice.plan.training.micro_batch == 3
     assert choice.speed.startswith("ZeRO-3 + checkpointing ")
     error_naming(choice.speed, "fastest option that fits", "nothing without checkpointing")
     assert all(p.spec.activation_checkpointing or not p.fits for p in choice.tried
                if p.spec.offload_optimizer.device == "none")
     assert choice.training_args["gradient_checkpointing"] is True
-    roomy = choose(S8, H200X2, 4096, global_batch=12, liger=True)
+    roomy = choose(S8, H200X2, 4096, global_batch=12, liger=True, trainer=STOCK)
     assert not roomy.plan.spec.activation_checkpointing and "gradient_checkpointing" not in roomy.training_args
 
 
 @pytest.mark.parametrize("flag,liger", [("--liger", True), ("--no-liger", False)])
 def test_plan_cli_says_why_it_chose(capsys, flag, liger):
-    argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", flag]
+    argv = ["plan", "--model", "8b", "--gpus", "2", "--gpu-mem", "140GiB", "--global-batch", "12", flag,
+            "--trainer", STOCK]  # the measured rows ran transformers' Trainer
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert plan_line(text, "liger").startswith(f"{'on' if liger else 'off'} ({flag})")
@@ -130,7 +135,7 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
     """Two measured steps, each within one lease. Without checkpointing a 7B fits one H200 only at micro 1; with it,
     micro 8 ran 1.07x that (ZeRO-3's per-micro-step cost paid twice instead of 16 times). Checkpointing only the
     first 8 layers at micro 2 (the fewest that fit) then ran 1.15x micro 8 with all of them (less recompute)."""
-    choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True)
+    choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
     p = choice.plan
     assert (p.label, p.training.micro_batch, p.training.grad_accum) == (
         "ZeRO-3 + checkpointing (first 8 layers)", 2, 8)
@@ -141,7 +146,7 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
     assert choice.training_args["gradient_checkpointing_layers"] == 8
     assert choice.ds_config["train_micro_batch_size_per_gpu"] == 2
     without_partial = tuple(m for m in MEASURED if m.source != PARTIAL)
-    alone = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial)
+    alone = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial, trainer=STOCK)
     assert (alone.plan.label, alone.plan.training.micro_batch) == ("ZeRO-3 + checkpointing", 8)
     assert alone.speed.startswith("ZeRO-3 + Liger + checkpointing micro 8 ")
     error_naming(alone.speed, "by measured speed", "10,089 vs 9,410")
@@ -151,19 +156,19 @@ def test_fewer_checkpointed_layers_than_measured_count_the_row_with_more_as_a_lo
     """140 GiB (the h200x1 profile) fits 9 checkpointed layers at micro 2, not 8; the row with 12 (more recompute)
     bounds it from below, and it beats micro 8 with all layers: chosen, and the reason says "at least"."""
     h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
-    choice = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True)
+    choice = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
     assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (9, 2)
     error_naming(choice.speed, "at least 11,289", "12 layers", "vs 10,190")
     slow = tuple(dataclasses.replace(m, tokens_per_s=9_000) if m.source == PARTIAL and m.checkpointed_layers else m
                  for m in MEASURED)  # a bound below the full-checkpointing row decides nothing
-    kept = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow)
+    kept = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow, trainer=STOCK)
     assert (kept.plan.spec.checkpointed_layers, kept.plan.training.micro_batch) == (None, 8)
 
 
 def test_partial_checkpointing_is_only_planned_where_checkpointing_is_needed():
     """At micro 1 the 7B fits one H200 without checkpointing: no partial plan there; where it is, the fewest layers
     that fit, and one fewer does not."""
-    tried = choose(S7, H200, 4096, global_batch=16, liger=True).tried
+    tried = choose(S7, H200, 4096, global_batch=16, liger=True, trainer=STOCK).tried
     partial = {p.training.micro_batch: p for p in tried if p.spec.checkpointed_layers and p.spec.stage == 3
                and "offload" not in p.label}
     assert 1 not in partial and partial[2].spec.checkpointed_layers == 8 and partial[2].fits
@@ -201,7 +206,8 @@ def test_a_faster_measurement_without_checkpointing_keeps_it_off_and_says_why():
 def test_the_7b_readme_runs_what_the_planner_chooses_for_one_h200(capsys):
     """recipes/7b/README.md's one-GPU command carries the planner's TrainingArguments; a planner change that moves
     them fails here until the README follows."""
-    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger", "--json"]) == 0
+    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger", "--json",
+                 "--trainer", STOCK]) == 0  # measured on transformers' Trainer (Liger's fused cross-entropy)
     args = json.loads(capsys.readouterr().out)["training_args"]
     readme = (ROOT / "recipes/7b/README.md").read_text()
     block = readme[readme.index("hf-zero3 plan --model 7b --hardware h200x1"):].split("```")[0]
@@ -216,7 +222,7 @@ def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every
     from hf_zero3.plan.advice import oom_advice
 
     h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
-    best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True).plan
+    best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK).plan
     advice = oom_advice(S7, h200x1, best.training, best.spec)
     assert "(ZeRO-3 + checkpointing (first 9 layers), micro batch 2)" in advice
     assert advice.endswith("--gradient_checkpointing_layers null")
@@ -224,7 +230,8 @@ def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every
 
 
 def test_plan_cli_says_how_to_get_partial_checkpointing_in_a_plain_trainer_script(capsys):
-    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger"]) == 0
+    assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger",
+                 "--trainer", STOCK]) == 0  # a plain Trainer script: transformers' loss
     out = capsys.readouterr().out
     assert "--gradient_checkpointing_layers 9 " in out
     assert "trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback(9))" in out
@@ -235,9 +242,9 @@ def test_a_measured_partial_plan_can_replace_a_choice_without_checkpointing():
     15 layers checkpointed. A row saying that runs faster (same file as the v2 row) makes it the choice; without
     one, nothing changes."""
     v2 = next(m for m in MEASURED if m.config.startswith("ours: recipe 8b v2"))
-    assert choose(S8, H200X2, 4096, global_batch=12, liger=True).plan.spec.activation_checkpointing is False
+    assert choose(S8, H200X2, 4096, global_batch=12, liger=True, trainer=STOCK).plan.spec.activation_checkpointing is False
     faster = Measurement(v2.params, 4096, 2, 140.0, 3, True, True, 6, 10_500, v2.source, "p6_15: test row", 15)
-    choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, faster))
+    choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, faster), trainer=STOCK)
     assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (15, 6)
     assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 15 layers) micro 6 ")
     error_naming(choice.speed, "by measured speed", "10,500 vs 10,121")
