@@ -91,24 +91,24 @@ def test_kto_and_orpo_train_and_their_loss_falls(tmp_path, stage, data):
     assert len(losses) == 8 and losses[-1] < losses[0], losses
 
 
-def test_recipe_70b_dpo_lora_trains_scoring_the_reference_with_the_adapter_off_and_saves_a_verified_adapter(
-        tmp_path, weights):
-    """Recipe 70b-dpo-lora as shipped (launch.sh, ds_config.json, train_args.yaml: stage dpo, stage_args, its peft
-    block, bf16, checkpointing) on the tiny model: the LoRA path of DPO under ZeRO-3, and the recipe's own run (8b-dpo
-    is the same stage and adapter at ZeRO-2 on one GPU: its YAML and plan are checked in tests/unit/test_recipes.py)."""
+@pytest.mark.parametrize(("recipe", "stage", "checkpointing"), [("70b-dpo-lora", 3, True), ("8b-dpo", 2, False)])
+def test_a_dpo_lora_recipe_trains_scoring_the_reference_with_the_adapter_off_and_saves_a_verified_adapter(
+        tmp_path, weights, recipe, stage, checkpointing):
+    """Each DPO recipe as shipped (launch.sh, ds_config.json, train_args.yaml: stage dpo, stage_args, its peft block,
+    bf16, its checkpointing) on the tiny model: the LoRA path of DPO under ZeRO-3 and under ZeRO-2."""
     out = tmp_path / "lora"
-    proc = run([ROOT / "recipes/70b-dpo-lora/launch.sh", "--model_name_or_path", weights, "--train_file", PAIRS,
+    proc = run([ROOT / f"recipes/{recipe}/launch.sh", "--model_name_or_path", weights, "--train_file", PAIRS,
                 "--block_size", "128", *SHORT, "--gradient_accumulation_steps", "1", "--learning_rate", "3.0e-3",
                 "--output_dir", out], NUM_NODES="1", NUM_GPUS="2", OMP_NUM_THREADS="1")
     assert proc.returncode == 0, explain(proc)
-    assert "train.py recipes/70b-dpo-lora/train_args.yaml --deepspeed recipes/70b-dpo-lora/ds_config.json" in proc.stdout
-    assert "hf_zero3: ZeRO stage 3 | world size 2 |" in proc.stdout
+    assert f"train.py recipes/{recipe}/train_args.yaml --deepspeed recipes/{recipe}/ds_config.json" in proc.stdout
+    assert f"hf_zero3: ZeRO stage {stage} | world size 2 |" in proc.stdout
     assert "reference: the base model with the LoRA adapter disabled" in proc.stdout
     logged = steps(train_log(out))
     assert logged[0]["loss"] == pytest.approx(0.6931, abs=1e-4)  # adapter B starts at zero: policy = reference
     assert logged[-1]["rewards/margins"] != 0 and (out / "adapter_model.safetensors").is_file()
     resolved = json.loads((out / "run_config.json").read_text())["training"]
-    assert resolved["bf16"] and resolved["gradient_checkpointing"]  # the recipe's own settings ran
+    assert resolved["bf16"] and resolved["gradient_checkpointing"] == checkpointing  # the recipe's own settings ran
 
 
 def test_the_reference_of_a_mixture_of_experts_gets_the_policys_leaf_modules(tmp_path):

@@ -60,12 +60,13 @@ LORA = {name: yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_
 
 
 def configuration(name: str) -> tuple:
-    """What a recipe's real run exercises beyond its size: ZeRO stage, where optimizer and parameters live, precision,
-    LoRA, experts, Liger's kernels, and whether a save gathers the 16-bit weights. (Activation checkpointing under
-    ZeRO-3 has its own runs: test_partial_checkpointing, test_activation_offload.)"""
+    """What a recipe's real run exercises beyond its size: ZeRO stage, where optimizer and parameters live and what
+    share of the optimizer steps on the CPU, precision, checkpointing, LoRA, experts, Liger's kernels, and whether a
+    save gathers the 16-bit weights."""
     spec, args = RECIPE_CONFIGS[name], yaml.safe_load((ROOT / "recipes" / name / "train_args.yaml").read_text())
-    return (spec.stage, spec.offload_optimizer.device, spec.offload_param.device, spec.precision, LORA[name],
-            bool(load_shape(name).experts), bool(args.get("use_liger_kernel")), spec.gather_16bit_weights_on_save)
+    return (spec.stage, spec.offload_optimizer.device, spec.offload_optimizer.ratio, spec.offload_param.device,
+            spec.precision, spec.activation_checkpointing, LORA[name], bool(load_shape(name).experts),
+            bool(args.get("use_liger_kernel")), spec.gather_16bit_weights_on_save)
 
 
 TRAINED = sorted({configuration(n): n for n in reversed(RECIPES) if n != "tiny"}.values())
