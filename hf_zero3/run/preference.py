@@ -3,10 +3,11 @@
 The run's TrainingArguments object becomes the stage's TRL config in place (the DeepSpeed bridge and our callbacks
 already hold it); `stage_args` fill TRL's own fields. The reference model, one of three ways, said in the banner:
 - LoRA: none; TRL scores the reference with the adapter disabled (no second copy);
-- precompute_ref_log_probs: one pass before training, its log-probs stored in output_dir/reference_logps/<hash>/ (a
-  folder every rank reads), the hash of the data, tokenizer, chat template and reference weights; a resumed or
-  repeated run with the same hash reads them back, and one whose hash differs is refused before the pass, naming
-  what differs (the stored log-probs belong to another run: a new output_dir, or the folder deleted);
+- precompute_ref_log_probs: one pass before training over each split (train, eval), as TRL does, its log-probs
+  stored in output_dir/reference_logps/<split>/<hash>/ (a folder every rank reads), the hash of that split's rows,
+  the tokenizer, chat template and reference weights; a resumed or repeated run with the same hash reads them back.
+  Train log-probs of another hash are refused before the pass, naming what differs (they belong to another run: a
+  new output_dir, or the folder deleted); eval ones of another hash (a new validation file) are computed anew;
 - otherwise a second model, loaded exactly as the policy is (partitioned while it loads under ZeRO-3, the same
   attention kernel and leaf modules), which TRL wraps in an inference-only DeepSpeed engine.
 """
@@ -114,14 +115,12 @@ def _sha(text: str | bytes) -> str:
     return hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()
 
 
-def _rows_hash(*parts: datasets.Dataset | None) -> str:
-    """The rows themselves (train, then eval), hashed by content: a moved or touched file, or another path to the
-    same tokenizer, keeps the hash; `datasets`' fingerprints would not."""
-    digest = hashlib.sha256()
-    for dataset in parts:
-        digest.update(b"|none|" if dataset is None else f"|{len(dataset)}|".encode())
-        for batch in dataset.iter(batch_size=1000) if dataset is not None else ():
-            digest.update(json.dumps(batch, sort_keys=True, default=str).encode())
+def _rows_hash(dataset: datasets.Dataset) -> str:
+    """The rows themselves, hashed by content: a moved or touched file, or another path to the same tokenizer, keeps
+    the hash; `datasets`' fingerprints would not."""
+    digest = hashlib.sha256(f"|{len(dataset)}|".encode())
+    for batch in dataset.iter(batch_size=1000):
+        digest.update(json.dumps(batch, sort_keys=True, default=str).encode())
     return digest.hexdigest()
 
 
@@ -133,9 +132,10 @@ def _tokenizer_hash(tokenizer) -> str:
     return _sha(pipeline + json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str))
 
 
-def reference_parts(train, evaluation, tokenizer, weights: str) -> dict[str, str]:
-    """What the precomputed reference log-probs depend on, each hashed (`weights`: `weights_hash` of the reference)."""
-    return {"data": _rows_hash(train, evaluation), "tokenizer": _tokenizer_hash(tokenizer),
+def reference_parts(rows, tokenizer, weights: str) -> dict[str, str]:
+    """What one split's precomputed reference log-probs depend on, each hashed (`weights`: `weights_hash` of the
+    reference)."""
+    return {"data": _rows_hash(rows), "tokenizer": _tokenizer_hash(tokenizer),
             "chat template": _sha(tokenizer.chat_template or ""), "reference weights": weights}
 
 
@@ -144,8 +144,8 @@ def key_of(parts: dict[str, str]) -> str:
 
 
 def stored_reference_problem(folder: Path, parts: dict[str, str]) -> str | None:
-    """Log-probs already precomputed in `folder` (output_dir/reference_logps) under another hash: one line naming
-    what differs and the fix; None when there are none or they are this run's (a resume reads them back)."""
+    """Train log-probs already precomputed in `folder` (output_dir/reference_logps/train) under another hash: one line
+    naming what differs and the fix; None when there are none or they are this run's (a resume reads them back)."""
     key = key_of(parts)
     others = sorted(p for p in folder.iterdir() if p.is_dir() and p.name != key) if folder.is_dir() else []
     if not others:
@@ -156,48 +156,54 @@ def stored_reference_problem(folder: Path, parts: dict[str, str]) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):  # stored without its parts: say what the hash covers
         differ = []
     what = ", ".join(differ) if differ else "data, tokenizer, chat template or reference weights (not recorded)"
-    return (f"stage_args.precompute_ref_log_probs: {others[0]} holds reference log-probs precomputed for another run "
-            f"(hash {others[0].name}; this run's is {key}; they differ in: {what}), so they cannot be reused: train "
-            f"into a new --output_dir, or delete {others[0]} to compute them anew for this run")
+    return (f"stage_args.precompute_ref_log_probs: {others[0]} holds reference log-probs of the train rows precomputed "
+            f"for another run (hash {others[0].name}; this run's is {key}; they differ in: {what}), so they cannot be "
+            f"reused: train into a new --output_dir, or delete {others[0]} to compute them anew for this run")
 
 
-def _stored_with_run(where: Path, parts: dict[str, str], train, evaluation, training_args):
-    """The rows saved once in `where` (output_dir/reference_logps/<hash>, with the parts hashed) and read back from
-    there on every rank, so the cache files TRL writes next to them (the precomputed reference log-probs) are one
+def _stored_with_run(where: Path, parts: dict[str, str], rows, training_args) -> datasets.Dataset:
+    """The rows saved once in `where` (output_dir/reference_logps/<split>/<hash>, with the parts hashed) and read back
+    from there on every rank, so the cache files TRL writes next to them (the precomputed reference log-probs) are one
     set all ranks read: an in-memory dataset would send each rank's cache to its own temporary folder."""
     with training_args.main_process_first(desc="store the preference data with the run"):
         if training_args.process_index == 0:
             where.mkdir(parents=True, exist_ok=True)
             if not (where / KEY_FILE).is_file():
                 (where / KEY_FILE).write_text(json.dumps({"key": where.name, "parts": parts}, indent=1) + "\n")
-            for name, dataset in (("train", train), ("eval", evaluation)):
-                if dataset is not None and not (where / name / "state.json").is_file():
-                    dataset.save_to_disk(str(where / name))
-    return tuple(None if d is None else datasets.load_from_disk(str(where / name))
-                 for name, d in (("train", train), ("eval", evaluation)))
+            if not (where / "rows" / "state.json").is_file():
+                rows.save_to_disk(str(where / "rows"))
+    return datasets.load_from_disk(str(where / "rows"))
 
 
-def precomputed_reference_folder(args, train, evaluation, tokenizer, reference_model):
-    """output_dir/reference_logps/<hash> for this run, and its rows read back from there; ValueError (before the
-    pass) when the run's output_dir holds log-probs precomputed under another hash."""
-    folder = Path(args.output_dir) / REFERENCE_FOLDER
-    parts = reference_parts(train, evaluation, tokenizer, weights_hash(reference_model))
-    if problem := stored_reference_problem(folder, parts):
-        raise ValueError(problem)
-    where = folder / key_of(parts)
-    return where, *_stored_with_run(where, parts, train, evaluation, args)
+def precomputed_reference_folders(args, train, evaluation, tokenizer, reference_model):
+    """output_dir/reference_logps/<split>/<hash> for this run's train (and eval) rows, and the rows read back from
+    there; ValueError (before the pass) when the output_dir holds train log-probs precomputed under another hash.
+    Eval is keyed apart, so a new validation file on a resume computes only its own log-probs."""
+    weights = weights_hash(reference_model)
+    folders, rows = {}, {}
+    for split, dataset in (("train", train), ("eval", evaluation)):
+        if dataset is None:
+            continue
+        parts = reference_parts(dataset, tokenizer, weights)
+        folder = Path(args.output_dir) / REFERENCE_FOLDER / split
+        if split == "train" and (problem := stored_reference_problem(folder, parts)):
+            raise ValueError(problem)
+        folders[split] = folder / key_of(parts)
+        rows[split] = _stored_with_run(folders[split], parts, dataset, args)
+    return folders, rows.get("train"), rows.get("eval")
 
 
 class StoredReferenceLogps:
-    """Mixed into TRL's DPO/KTO trainer: the precomputed reference log-probs stored in `args.reference_logps_folder`
-    (keyed by data, tokenizer, chat template and reference weights) and read back from there by a resumed or repeated run. TRL's
-    own cache never hits across runs: its tokenizing map hashes the tokenizer to a random fingerprint each time."""
+    """Mixed into TRL's DPO/KTO trainer: each split's precomputed reference log-probs stored in
+    `args.reference_logps_folders[split]` (keyed by its rows, tokenizer, chat template and reference weights) and read
+    back from there by a resumed or repeated run. TRL's own cache never hits across runs: its tokenizing map hashes
+    the tokenizer to a random fingerprint each time."""
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
-        folder = getattr(self.args, "reference_logps_folder", None)
+        folder = (getattr(self.args, "reference_logps_folders", None) or {}).get(name)
         if folder is None:
             return super()._precompute_ref_logps(dataset, name, batch_size)
-        stored = Path(folder) / f"logps-{name}"
+        stored = Path(folder) / "logps"
         if (stored / "state.json").is_file():
             logps = datasets.load_from_disk(str(stored))
             if len(logps) == len(dataset):
@@ -241,9 +247,9 @@ def preference_trainer(stage: Stage, model, tokenizer, model_args, data_args, tr
             not args.precompute_ref_log_probs or model_args.ref_model_name_or_path)
         kwargs["ref_model"] = load_reference() if separate else None
         if args.precompute_ref_log_probs:
-            where, train, evaluation = precomputed_reference_folder(args, train, evaluation, tokenizer,
-                                                                    kwargs["ref_model"] or model)
-            args.reference_logps_folder = str(where)
+            folders, train, evaluation = precomputed_reference_folders(args, train, evaluation, tokenizer,
+                                                                       kwargs["ref_model"] or model)
+            args.reference_logps_folders = {split: str(where) for split, where in folders.items()}
     trainer_class = _stored_class(stage.trainer_class()) if getattr(args, "precompute_ref_log_probs", False) \
         else stage.trainer_class()
     trainer = trainer_class(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
@@ -262,7 +268,8 @@ def describe(stage: Stage, args, reference: str) -> str:
 
 def stage_banner(trainer) -> str:
     """The stage line of the run's banner: the card's, and where precomputed log-probs are cached."""
-    folder = getattr(trainer.args, "reference_logps_folder", None)
-    where = (f" in {folder} (reused while data, tokenizer, chat template and reference weights hash the same)"
-             if folder and getattr(trainer.args, "precompute_ref_log_probs", False) else "")
+    folders = getattr(trainer.args, "reference_logps_folders", None)
+    where = (f" in {', '.join(folders.values())} (each split reused while its rows, the tokenizer, chat template and "
+             f"reference weights hash the same)" if folders and getattr(trainer.args, "precompute_ref_log_probs", False)
+             else "")
     return f"hf_zero3: {trainer.stage_description}{where}"

@@ -66,7 +66,7 @@ def test_dpo_steps_equal_trls_dpo_trainer_and_a_precomputed_reference_gives_the_
     assert "reference: log-probs precomputed" in pre.stdout
     for a, b in zip(steps(train_log(tmp_path / "pre")), mine):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
-    stored = list((tmp_path / "pre/reference_logps").glob("*/logps-train/*.arrow"))
+    stored = list((tmp_path / "pre/reference_logps").glob("train/*/logps/*.arrow"))
     assert len(stored) == 1, stored  # keyed by data, tokenizer, chat template and reference weights
     key = json.loads((stored[0].parents[1] / "key.json").read_text())  # each part recorded, to name what differs
     assert key["key"] == stored[0].parents[1].name

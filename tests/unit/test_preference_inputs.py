@@ -108,31 +108,43 @@ def test_hf_zero3_data_shows_each_pairs_chosen_and_rejected_with_the_answer_trai
 
 
 def test_a_stored_precompute_of_another_hash_is_refused_naming_what_differs_and_the_same_hash_is_reused(tmp_path):
-    """output_dir/reference_logps/<hash>: the run that stored it (or its resume) gets it back; a run whose data, chat
-    template or reference weights differ is refused before the pass, the parts that differ named, with the fix."""
+    """output_dir/reference_logps/<split>/<hash>: the run that stored it (or its resume) gets it back; a run whose
+    train data, chat template or reference weights differ is refused before the pass, the parts that differ named,
+    with the fix; a new validation file on a resume reuses the train log-probs and keys only its eval ones anew."""
     import datasets
     import torch
     from transformers import TrainingArguments
 
-    from hf_zero3.run.preference import KEY_FILE, REFERENCE_FOLDER, precomputed_reference_folder
+    from hf_zero3.run.preference import KEY_FILE, REFERENCE_FOLDER, precomputed_reference_folders
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets/tiny/model")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ROOT / "assets/tiny/model"))
-    train = datasets.Dataset.from_json(str(PAIRS_FILE)).select(range(16))
+    rows = datasets.Dataset.from_json(str(PAIRS_FILE))
+    train, validation = rows.select(range(16)), rows.select(range(16, 20))
     args = TrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none")
-    where, stored, evaluation = precomputed_reference_folder(args, train, None, tokenizer, model)
-    assert where.parent == tmp_path / "run" / REFERENCE_FOLDER and (where / KEY_FILE).is_file()
-    assert stored.to_list() == train.to_list() and evaluation is None
-    again, *_ = precomputed_reference_folder(args, train.select(range(16)), None, tokenizer, model)  # a resume
-    assert again == where and [p.name for p in where.parent.iterdir()] == [where.name]
+    folders, stored, evaluation = precomputed_reference_folders(args, train, None, tokenizer, model)
+    where = folders["train"]
+    assert set(folders) == {"train"} and where.parent == tmp_path / "run" / REFERENCE_FOLDER / "train"
+    assert (where / KEY_FILE).is_file() and stored.to_list() == train.to_list() and evaluation is None
+    again, *_ = precomputed_reference_folders(args, train.select(range(16)), None, tokenizer, model)  # a resume
+    assert again == folders and [p.name for p in where.parent.iterdir()] == [where.name]
+
+    (where / "logps").mkdir()  # the train log-probs, as the trainer stores them
+    for evaluated in (validation, validation.select(range(3))):  # a validation file added, then changed, on resume
+        resumed, stored, evaluation = precomputed_reference_folders(args, train, evaluated, tokenizer, model)
+        assert resumed["train"] == where and (where / "logps").is_dir()  # the train log-probs reused
+        assert resumed["eval"].parent == tmp_path / "run" / REFERENCE_FOLDER / "eval"
+        assert evaluation.to_list() == evaluated.to_list() and (resumed["eval"] / KEY_FILE).is_file()
+    assert len(list(resumed["eval"].parent.iterdir())) == 2  # each validation set keyed by its own rows
 
     def refusal(*changed) -> str:
         with pytest.raises(ValueError) as info:
-            precomputed_reference_folder(args, *changed)
-        return error_naming(str(info.value), "precompute_ref_log_probs", str(where), "--output_dir", "delete")
+            precomputed_reference_folders(args, *changed)
+        return error_naming(str(info.value), "precompute_ref_log_probs", "train rows", str(where), "--output_dir",
+                            "delete")
 
-    assert "differ in: data)" in refusal(train.select(range(15)), None, tokenizer, model)
+    assert "differ in: data)" in refusal(train.select(range(15)), validation, tokenizer, model)
     templated = AutoTokenizer.from_pretrained(ROOT / "assets/tiny/model")
     templated.chat_template = "{{ messages }}"
     assert "differ in: chat template)" in refusal(train, None, templated, model)
@@ -140,4 +152,5 @@ def test_a_stored_precompute_of_another_hash_is_refused_naming_what_differs_and_
         model.lm_head.weight.add_(1.0)
     assert "differ in: reference weights)" in refusal(train, None, tokenizer, model)
     (where / KEY_FILE).unlink()  # stored without its parts: the refusal says what the hash covers
-    assert "differ in: data, tokenizer, chat template or reference weights (not recorded)" in refusal(train, None, tokenizer, model)
+    assert "differ in: data, tokenizer, chat template or reference weights (not recorded)" in refusal(
+        train, None, tokenizer, model)
