@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
         model.add_argument(f"--{flag}", type=positive_int, help="override (or, without --model, define) the shape")
     run = parser.add_argument_group("training")
-    run.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: min(4096, the model's max))")
+    run.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the block_size of the recipe --model names, else min(4096, the "
+                     "model's max))")
     run.add_argument("--micro-batch", type=positive_int, help="fix the per-GPU batch (default: searched)")
     run.add_argument("--global-batch", type=positive_int,
                      help="samples per optimizer step (default: micro batch x GPUs)")
@@ -49,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="whose loss: trl, the stage's TRL trainer as hf-zero3 train runs it (SFT, DPO, KTO: the "
                      "fused LM head, logits in tiles); transformers, your own Trainer script (the whole fp32 logits, "
                      "or Liger's fused linear cross-entropy)")
-    run.add_argument("--precompute-ref", action="store_true", default=None,
+    run.add_argument("--precompute-ref", action=argparse.BooleanOptionalAction, default=None,
                      help="the reference's log-probs are precomputed before training (no second model during it); "
-                     "default: as the recipe --model names sets stage_args.precompute_ref_log_probs")
+                     "default: as the recipe --model names sets stage_args.precompute_ref_log_probs (--no-precompute-ref "
+                     "plans a recipe that sets it without)")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -119,26 +121,36 @@ def _hardware(args: argparse.Namespace):
     return dataclasses.replace(hardware, **{k: v for k, v in given.items() if v is not None})
 
 
+def _recipe_values(args: argparse.Namespace) -> dict:
+    """The YAML of the recipe `--model` names ({} when it names none)."""
+    # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
+    from hf_zero3 import recipes
+
+    recipe = recipes.find(args.model) if args.model else None
+    return recipe.values if recipe is not None else {}
+
+
+def _seq_len(args: argparse.Namespace, shape) -> int:
+    """`--seq-len`, else the block_size of the recipe `--model` names, else min(4096, the model's max)."""
+    block_size = _recipe_values(args).get("block_size")
+    return args.seq_len or (int(block_size) if block_size else min(4096, shape.max_positions))
+
+
 def _adapter(args: argparse.Namespace, shape):
     """The LoRA adapter to plan: `--lora-rank`, else the `peft:` block of the recipe `--model` names (None: every
     weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3 import recipes
     from hf_zero3.model import lora
 
-    recipe = recipes.find(args.model) if args.model else None
-    block = recipe.values.get("peft") if recipe is not None else None
-    return lora.planned(shape, block, args.lora_rank, args.lora_dropout)
+    return lora.planned(shape, _recipe_values(args).get("peft"), args.lora_rank, args.lora_dropout)
 
 
 def _preference(args: argparse.Namespace, lora: bool):
     """The stage to plan: `--stage`/`--precompute-ref`, else the recipe's `stage` and `stage_args` (None: SFT)."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
-    from hf_zero3 import recipes
     from hf_zero3.plan.preference import preference_of
 
-    recipe = recipes.find(args.model) if args.model else None
-    values = recipe.values if recipe is not None else {}
+    values = _recipe_values(args)
     precompute = (values.get("stage_args") or {}).get("precompute_ref_log_probs")
     return preference_of(args.stage or values.get("stage") or "sft", lora=lora,
                          precompute=bool(args.precompute_ref if args.precompute_ref is not None else precompute))
@@ -156,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         shape = _shape(args)
         hardware = _hardware(args)
-        seq_len = args.seq_len or min(4096, shape.max_positions)
+        seq_len = _seq_len(args, shape)
         liger, liger_why = _liger(args.liger)
         adapter = _adapter(args, shape)
         preference = _preference(args, lora=adapter is not None)

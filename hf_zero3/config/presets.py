@@ -99,13 +99,15 @@ RECIPE_CONFIGS: dict[str, ZeroSpec] = {
                            offload_optimizer=OptimizerOffload(device="cpu", ratio=0.4, pin_memory=True),
                            activation_checkpointing=True, gather_16bit_weights_on_save=False),
     # DPO of Llama-3-8B with a LoRA adapter on one H200 (`hf-zero3 plan --model 8b-dpo --hardware h200x1 --headroom
-    # 0.1 --global-batch 64`): the frozen base's 16-bit weights, the adapter's states and both answers of each pair
-    # fit without offload or checkpointing; on one GPU ZeRO-3 partitions nothing, and the planner orders ZeRO-2
-    # first (no measurement of both there). The full fine-tune needs optimizer offload + checkpointing at micro 2.
+    # 0.1 --global-batch 64 --seq-len 2048 --no-liger`): the frozen base's 16-bit weights, the adapter's states and
+    # both answers of each pair fit without offload or checkpointing; on one GPU ZeRO-3 partitions nothing, and the
+    # planner orders ZeRO-2 first (no measurement of both there). The full fine-tune needs ZeRO-3 + partial optimizer
+    # offload (ratio 0.4) + checkpointing at micro 4 x accumulation 16 (recipes/8b-dpo/README.md).
     "8b-dpo": ZeroSpec(stage=2, precision="bf16"),
     # DPO of Llama-2-70B with a LoRA adapter on 8 x A100-80GB (`hf-zero3 plan --model 70b-dpo-lora --hardware
-    # dgx-a100-80 --headroom 0.1 --global-batch 64`): ZeRO-3 partitions the frozen base, checkpointing keeps the
-    # pairs' activations, no offload; the reference is the base with the adapter off (no second copy).
+    # dgx-a100-80 --headroom 0.1 --global-batch 64 --seq-len 2048 --no-liger`): ZeRO-3 partitions the frozen base,
+    # checkpointing keeps the pairs' activations, no offload; the reference is the base with the adapter off (no
+    # second copy).
     "70b-dpo-lora": ZeroSpec(precision="bf16", activation_checkpointing=True),
 }
 

@@ -65,14 +65,28 @@ def _length_step(shape: ModelShape, hardware: Hardware, whole: Training, current
                                beyond=now).best
     if found is None:
         return ""
-    same_batch = dataclasses.replace(found.choice.plan, training=current.training)  # keep micro batch and accumulation
+    config_only = dataclasses.replace(found.choice.plan, training=current.training)  # the ds_config's changes only
     parts = [f"--sequence_parallel_size {found.sp}"] if found.sp != now[0] else []
     parts += ["--tiled_compute true"] if found.tiled and not now[1] else []
-    parts += [p for p in [_how(current, same_batch, ds_config_path)] if p]
+    parts += [p for p in [_how(current, config_only, ds_config_path)] if p]
+    parts += [p for p in [_batch_for_length(current.training, found, now[0])] if p]
+    more, grows = found.sp // max(now[0], 1), ("accumulation" if found.choice.plan.training.micro_batch ==
+                                                  current.training.micro_batch else "samples per rank")
     note = (f" (each sequence split over {found.sp} ranks: {hardware.world_size // found.sp} data-parallel, so the "
-            f"same global batch needs {found.sp}x the accumulation)" if found.sp != now[0] else "")
+            f"same global batch needs {more}x the {grows})" if found.sp != now[0] else "")
     return (f"The sequence ({whole.seq_len} tokens) is what does not fit: predicted {gb(found.choice.plan.gpu_bytes)} "
             f"with {found.label}, {found.choice.plan.label}: {'; '.join(parts)}{note}")
+
+
+def _batch_for_length(run: Training, found: length.LengthOption, sp_now: int) -> str:
+    """The micro batch the length step was planned at (`plan_length`: 1) and the accumulation that keeps the run's
+    global batch over the data-parallel ranks `found.sp` leaves (sp / the run's sp fewer); "" when both stay."""
+    micro = found.choice.plan.training.micro_batch
+    accum = run.grad_accum * run.micro_batch * (found.sp // max(sp_now, 1)) // micro
+    if micro != run.micro_batch:
+        return (f"--per_device_train_batch_size {micro} --gradient_accumulation_steps {accum} "
+                f"(same global batch; the prediction is at micro batch {micro})")
+    return f"--gradient_accumulation_steps {accum} (same global batch)" if accum != run.grad_accum else ""
 
 
 def _at_least_as_frugal(p: Plan, current: Plan, host: bool = False) -> bool:

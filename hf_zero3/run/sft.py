@@ -12,6 +12,7 @@ On CPU the head scores only the trained positions, as TRL does on GPUs (`score_t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import trl.trainer.utils
 from trl import SFTConfig, SFTTrainer
@@ -71,22 +72,25 @@ def packing_refusal(model) -> str | None:
     return packing_problem(type(base), attention_of(base))
 
 
-_TRL_COMPACTS = getattr(trl.trainer.utils, "_use_triton", None)
-"""TRL's rule for where its chunked LM head scores only the positions with a label: Triton devices. Elsewhere it
-scores every position, so that Neuron's compiled tiles keep one shape."""
+def _compacts(trls_rule, device) -> bool:
+    """Where TRL's chunked LM head scores only the positions with a label: TRL's rule (Triton devices; elsewhere it
+    scores every position, so that Neuron's compiled tiles keep one shape), and the CPU."""
+    return device.type == "cpu" or trls_rule(device)
 
 
-def _compacts(device) -> bool:
-    return device.type == "cpu" or _TRL_COMPACTS(device)
-
-
-def score_trained_positions_only() -> None:
+def score_trained_positions_only(main_process: bool = True) -> None:
     """TRL's chunked LM head on CPU (which compiles nothing) scores only the trained positions too: scoring all of
     them cost the tiny recipe's chat run (a fifth of its tokens trained) a quarter of its step time. The same
     log-probabilities, loss, entropy and accuracy; the head's weight gradient sums fewer zero rows (its last bits
-    may differ)."""
-    if _TRL_COMPACTS is not None:
-        trl.trainer.utils._use_triton = _compacts
+    may differ). The hook is TRL's private `_use_triton`: where a TRL has none, the run goes on and says so."""
+    trls_rule = getattr(trl.trainer.utils, "_use_triton", None)
+    if trls_rule is None:
+        if main_process:
+            print("hf_zero3: this TRL has no trl.trainer.utils._use_triton, the hook that lets its LM head score only "
+                  "the trained positions: on CPU it scores every position (slower, the same loss)", flush=True)
+        return
+    if not isinstance(trls_rule, functools.partial) or trls_rule.func is not _compacts:
+        trl.trainer.utils._use_triton = functools.partial(_compacts, trls_rule)
 
 
 def sft_trainer(model, training_args, data_args, prepared: Prepared, tokenizer):
@@ -94,7 +98,7 @@ def sft_trainer(model, training_args, data_args, prepared: Prepared, tokenizer):
     if prepared.layout == PACKED and (problem := packing_refusal(model)):
         raise ValueError(problem)
     args = as_sft_config(training_args, data_args, prepared.layout)
-    score_trained_positions_only()
+    score_trained_positions_only(args.process_index == 0)
     trainer = SFTTrainer(model=model, args=args, train_dataset=prepared.train, eval_dataset=prepared.eval,
                          processing_class=tokenizer)
     base = model.get_base_model() if hasattr(model, "peft_config") else model

@@ -287,6 +287,22 @@ def test_on_cpu_trls_lm_head_scores_only_the_trained_positions(tokenizer, conver
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_a_trl_without_the_lm_head_hook_trains_on_and_says_so_once(monkeypatch, capsys):
+    """A later TRL without the private `_use_triton`: rank 0 says its LM head scores every position on CPU, and
+    nothing is patched in."""
+    import trl.trainer.utils
+
+    from hf_zero3.run.sft import score_trained_positions_only
+
+    monkeypatch.delattr(trl.trainer.utils, "_use_triton")
+    score_trained_positions_only(main_process=False)
+    assert capsys.readouterr().out == ""
+    score_trained_positions_only()
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and "_use_triton" in said[0] and "scores every position" in said[0] and "CPU" in said[0]
+    assert not hasattr(trl.trainer.utils, "_use_triton")
+
+
 def test_packing_without_position_ids_would_cross_attend(tokenizer, conversations):
     """The check above can fail: the same packed row without position_ids (one long sequence) gives another loss."""
     tok = Tokenizer(tokenizer, tokenizer.chat_template, train_on_inputs=False)

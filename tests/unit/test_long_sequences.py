@@ -278,3 +278,30 @@ def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monke
                                 65536, hardware=node)
     planned = lambda text: float(text.split("Planned for this run: ")[1].split(" GB")[0].replace(",", ""))
     assert planned(plain) - planned(shared) > 25  # one rank's 32768 tokens of checkpoints and recompute, MLPs tiled
+
+
+def test_the_oom_advice_of_a_length_scales_the_accumulation_from_the_runs_own_sequence_parallelism():
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.advice import oom_advice
+    from hf_zero3.plan.types import Hardware, Training
+    from hf_zero3.units import GB
+
+    node = Hardware(1, 8, 80 * GB, 2000 * GB)  # sp 2 -> 8: 4 data-parallel ranks become 1, 4x the accumulation
+    advice = oom_advice(_llama8b(), node, Training(1048576, 1, 2), ZeroSpec(stage=3, activation_checkpointing=True),
+                        sequence_parallel=2)
+    assert "--sequence_parallel_size 8" in advice and "4x the accumulation" in advice
+    assert "--gradient_accumulation_steps 8 (same global batch)" in advice
+    assert "--per_device_train_batch_size" not in advice
+
+
+def test_the_oom_advice_of_a_length_moves_a_larger_micro_batch_to_the_one_it_predicts():
+    from hf_zero3.config.spec import ZeroSpec
+    from hf_zero3.plan.advice import oom_advice
+    from hf_zero3.plan.types import Hardware, Training
+    from hf_zero3.units import GB
+
+    # micro 2 x accumulation 3 on 2 GPUs (global 12) -> sp 2 at micro 1 (the prediction's): 1 x 12 x 1 rank
+    advice = oom_advice(_llama8b(), Hardware(1, 2, 80 * GB, 2000 * GB), Training(327680, 2, 3),
+                        ZeroSpec(stage=3, activation_checkpointing=True))
+    assert "--sequence_parallel_size 2" in advice
+    assert "--per_device_train_batch_size 1 --gradient_accumulation_steps 12 (same global batch" in advice

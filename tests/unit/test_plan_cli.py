@@ -156,3 +156,30 @@ def test_the_plan_says_what_each_save_writes_and_when_the_disk_cannot_hold_it(ca
     saves = plan_line(capsys.readouterr().out, "saves")
     error_naming(saves, "a checkpoint 107.8 GB", "16-bit weights", "the final model 13.5 GB")
     assert "larger volume" not in saves
+
+
+def test_plan_of_a_recipe_plans_its_block_size_unless_told_otherwise(capsys):
+    """`plan --model <recipe>` plans the sequences the recipe trains: its block_size (8b-dpo: 2048, not 4096)."""
+    base = ["plan", "--model", "8b-dpo", "--hardware", "h200x1", "--no-liger", "--json"]
+    main(base)
+    assert json.loads(capsys.readouterr().out)["seq_len"] == 2048
+    main([*base, "--seq-len", "1024"])
+    assert json.loads(capsys.readouterr().out)["seq_len"] == 1024
+    main(["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--hardware", "h200x1", "--json"])  # no recipe: 4096
+    assert json.loads(capsys.readouterr().out)["seq_len"] == 4096
+
+
+def test_plan_no_precompute_ref_plans_a_recipe_that_precomputes_with_its_reference(capsys, monkeypatch):
+    """A full DPO recipe with stage_args.precompute_ref_log_probs: planned without the reference model, and with it
+    under --no-precompute-ref."""
+    from hf_zero3.cli import plan as plan_cli
+
+    recipe = plan_cli._recipe_values
+    monkeypatch.setattr(plan_cli, "_recipe_values", lambda args: {
+        **recipe(args), "stage": "dpo", "stage_args": {"precompute_ref_log_probs": True}})
+    base = ["plan", "--model", "8b", "--hardware", "h200x2", "--no-liger", "--json"]
+    reference = lambda answer: any("reference model" in t["name"] for t in answer["breakdown"]["gpu"])
+    main(base)
+    assert not reference(json.loads(capsys.readouterr().out))
+    main([*base, "--no-precompute-ref"])
+    assert reference(json.loads(capsys.readouterr().out))

@@ -114,4 +114,6 @@ def test_the_fused_term_is_what_the_head_allocates_on_cpu():
     measured = _head_peak(model, torch.randint(0, vocab, (1, t)), fused_lm_head=True)
     planned = lm_head.fused_bytes(t, h, vocab, 4, head_trains=True)[0]
     cpu_fallback = 8 * 4 * lm_head.TOKEN_TILE * min(vocab, lm_head.VOCAB_TILE)
-    assert planned * 0.97 <= measured <= planned + cpu_fallback, (measured / 2**20, planned / 2**20)
+    # 10% of slack above: glibc's mallinfo2 also counts its own bookkeeping and what other threads allocate
+    # meanwhile, and the bound without slack sat only ~1% above a measurement (642 MiB measured, 649 MiB bound)
+    assert planned * 0.97 <= measured <= (planned + cpu_fallback) * 1.1, (measured / 2**20, planned / 2**20)
