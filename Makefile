@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 NUM_GPUS ?= 2
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 # `make bench`: which recipe (8b on 2 GPUs, tiny on CPU) and where the report goes (default
 # benchmarks/results/<date>_bench-<recipe>)
 RECIPE ?= 8b
@@ -39,7 +40,7 @@ demo: setup ## train the tiny recipe with ZeRO-3 on 2 ranks (CPU is fine); print
 	source $(BIN)/activate && NUM_GPUS=$(NUM_GPUS) recipes/tiny/launch.sh --output_dir outputs/tiny-$$(date +%Y%m%d-%H%M%S)
 
 test: setup ## run all tests (unit + real 2-rank DeepSpeed runs on CPU; GPU tests skip without CUDA)
-	source $(BIN)/activate && python -m pytest tests $(PYTEST_ARGS)
+	source $(BIN)/activate && python -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: setup ## fast tests only
 	source $(BIN)/activate && python -m pytest tests/unit $(PYTEST_ARGS)

@@ -211,10 +211,17 @@ def single_rank_env(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _reset_hf_deepspeed_state():
+    """Each test leaves the process as it found it: transformers' global DeepSpeed config, and the environment, which
+    TrainingArguments writes to (ACCELERATE_USE_DEEPSPEED=true after a ds_config) and every later subprocess
+    inherits (a plain run would then start as a DeepSpeed one)."""
+    environment = dict(os.environ)
     yield
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     unset_hf_deepspeed_config()
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def make_unreadable(path: Path) -> Path:

@@ -24,8 +24,8 @@ PLAN = ["plan", "--model", "70b", "--gpus", "8", "--gpu-mem", "40GB"]
 
 
 def _run(cmd: list, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=subprocess_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}  # the wheel's hf_zero3, not a checkout's
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, explain(proc)
     return proc
 
