@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The longest sequence a Llama-3-8B-shape full fine-tune trains at on one GPU: the planner's configuration
+# (`hf-zero3 plan --seq-len L`: its ds_config and TrainingArguments, tiled compute and activation offload included)
+# against stock Hugging Face as a competent user sets it: the same ZeRO-3 ds_config (an 8B's optimizer states need
+# its partial CPU offload on one GPU), activation checkpointing and Liger, no tiling, no activation offload.
+# Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
+# Usage, from the repository root:  RUNS="ours:131072 stock:131072 stock:65536" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
+# A run is side:length. Each run sits in its own timeout (RUN_TIMEOUT s); a stock run at a length that does not fit
+# ends in an out-of-memory error, which is its result.
+# CPU plumbing check: MODEL=assets/tiny/model PLAN_ARGS="--precision fp32" EXTRA="--bf16 false" RUNS="ours:256 stock:256"
+set -uo pipefail
+source benchmarks/common.sh || exit 1
+out=${1:?OUT_DIR}; work=${WORK:-/tmp/long-seq}; steps=${STEPS:-3}
+mkdir -p "$out" "$work/runs"
+trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; exit 143' TERM INT
+llama3_8b_config
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
+[ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
+for spec in ${RUNS:-ours:131072 stock:131072 stock:65536}; do
+  IFS=: read -r side length <<<"$spec"
+  run="$work/runs/$(printf %02d "$(ls "$work/runs" | wc -l)")_${side}_$length"; mkdir -p "$run"
+  HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model ${MODEL:-outputs/llama3-8b} --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
+    --micro-batch 1 ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
+  args=$(sed -n 's/^TrainingArguments: //p' "$run/plan.txt")
+  if [ "$side" = stock ]; then
+    # The planner's ds_config (its offload ratio), with the stock HF switches only: checkpointing and Liger.
+    args="--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 true"
+    args+=" --tiled_compute false --activation_offload false"
+    python3 - "$run/ds_config.json" <<'PY'
+import json, sys  # DeepSpeed's cpu_checkpointing is the product's activation offload: stock runs without it
+config = json.load(open(sys.argv[1])); config.pop("activation_checkpointing", None)
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
+  fi
+  echo "== $(date +%T) $run: $args" | tee -a "$out/long.log"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mib.txt" 2>/dev/null &
+  sampler=$!
+  eval "timeout ${RUN_TIMEOUT:-300} torchrun --nproc_per_node 1 -m hf_zero3.train recipes/8b/train_args.yaml \
+    --model_name_or_path null --config_name ${MODEL:-outputs/llama3-8b} --tokenizer_name assets/tiny/model \
+    --deepspeed $run/ds_config.json --train_file $work/corpus.txt --block_size $length \
+    --per_device_train_batch_size 1 --gradient_accumulation_steps 1 --use_liger_kernel true $args \
+    --max_steps $steps --logging_steps 1 --save_strategy no --save_final_model false --output_dir $run/out ${EXTRA:-}" \
+    > "$run/stdout.log" 2>&1 &
+  child=$!; wait "$child"; rc=$?; kill "$sampler" 2>/dev/null
+  peak=$(sort -n "$run/gpu_mib.txt" | tail -1)
+  echo "rc $rc, steps $(grep -c step_time_s "$run/out/train_log.jsonl" 2>/dev/null), nvidia-smi peak ${peak:-?} MiB" | tee -a "$out/long.log"
+  grep -E "OutOfMemory|out of memory" "$run/stdout.log" | head -2 >> "$out/long.log"
+  [ $rc = 0 ] || tail -15 "$run/stdout.log" >> "$out/long.log"
+  cp "$run/out/train_log.jsonl" "$run/" 2>/dev/null
+  grep -h step_time_s "$run/train_log.jsonl" 2>/dev/null | cut -c1-400 >> "$out/long.log"
+  tar -C "$work" --exclude=out --exclude=corpus.txt -czf "$out/runs.tgz" runs
+done
