@@ -124,9 +124,9 @@ def plan_length(shape: ModelShape, hardware: Hardware, seq_len: int, *, precisio
     closest = min((p for o in tried for p in o.choice.tried), key=lambda p: p.gpu_bytes, default=None)
     fix = ("more GPUs (a larger sequence_parallel_size) or a shorter sequence" if preference is None else
            "a shorter sequence (sequence parallelism runs stage sft only)")
-    why = (f"nothing fits {seq_len} tokens on {hardware.world_size} GPU(s): the most that was tried ({last.label}) "
-           f"still needs {closest.gpu_bytes / 2**30:.1f} GiB of GPU memory at best ({describe(closest.spec)}), "
-           f"against {hardware.gpu_mem / 2**30:.1f} GiB; {fix}") if closest else \
+    why = (f"nothing fits {seq_len} tokens on {hardware.world_size} GPU(s): the most that was tried ({last.label}), "
+           f"at its least GPU memory ({describe(closest.spec)}), still lacks: {'; '.join(closest.problems())}; "
+           f"{fix}{'' if closest.fits_host else ', or more host RAM'}") if closest else \
         f"nothing fits {seq_len} tokens: {last.choice.advice}"
     return LengthPlan(seq_len, tuple(tried), None, why)
 

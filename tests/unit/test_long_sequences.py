@@ -157,6 +157,11 @@ def test_the_planner_says_why_nothing_fits_a_length():
     none = plan_length(_llama8b(), Hardware(1, 1, 80 * GB, 2000 * GB), 1 << 22)
     assert none.best is None
     assert "nothing fits 4194304 tokens" in none.why_not and "larger sequence_parallel_size" in none.why_not
+    assert "GPU needs" in none.why_not and "host RAM" not in none.why_not
+    # Where the GPU would hold it but the host cannot (offloaded states and activations), the answer says host RAM.
+    host = plan_length(_llama8b(), Hardware(1, 1, 80 * GB, 128 * GB), 65536)
+    assert host.best is None and "still lacks: host RAM needs" in host.why_not and "GPU needs" not in host.why_not
+    assert host.why_not.endswith("or more host RAM")
 
 
 def test_tiling_takes_the_mlp_and_the_logits_out_of_the_per_token_activations():
