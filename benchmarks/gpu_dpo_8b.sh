@@ -4,6 +4,7 @@
 # competent user sets it: once with the recipe's switches (no checkpointing, micro 2), once with Liger's fused DPO
 # loss added (`--use_liger_kernel`). Random bf16 weights saved to disk first, so both sides load the same folder.
 # Usage, from the repository root:  VARIANTS="ours trl trl_liger" MICRO=2 ACCUM=8 bash benchmarks/gpu_dpo_8b.sh OUT
+# ours_torchrun: the same run started by torchrun instead of the recipe's DeepSpeed launcher.
 # One epoch over PAIRS pairs (default 128 = 8 optimizer steps of micro 2 x accumulation 8).
 set -uo pipefail
 source benchmarks/common.sh || exit 1
@@ -23,6 +24,9 @@ for repeat in $(seq 1 "${REPEATS:-1}"); do
     case $variant in
       ours) cmd=(env MODEL="$work/model" bash recipes/8b-dpo/launch.sh --train_file "$work/data/train.jsonl"
                  --output_dir "$run/out" --save_final_model false $common) ;;
+      ours_torchrun) cmd=(torchrun --nproc_per_node 1 -m hf_zero3.train recipes/8b-dpo/train_args.yaml
+                 --deepspeed recipes/8b-dpo/ds_config.json --model_name_or_path "$work/model"
+                 --train_file "$work/data/train.jsonl" --output_dir "$run/out" --save_final_model false $common) ;;
       trl|trl_liger) cmd=(torchrun --nproc_per_node 1 "$trl_dpo" --model_name_or_path "$work/model"
                  --dataset_name "$work/data" --output_dir "$run/out" --deepspeed recipes/8b-dpo/ds_config.json
                  --dtype bfloat16 --attn_implementation sdpa --max_length 2048 --beta 0.1 --loss_type sigmoid
