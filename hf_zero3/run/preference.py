@@ -254,8 +254,18 @@ def preference_trainer(stage: Stage, model, tokenizer, model_args, data_args, tr
         else stage.trainer_class()
     trainer = trainer_class(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                                     processing_class=tokenizer, **kwargs)
+    _reference_without_a_copy(trainer.model)
     trainer.stage_description = describe(stage, args, reference_way(stage, model, model_args, args))
     return trainer
+
+
+def _reference_without_a_copy(model) -> None:
+    """TRL gives a model that comes with an adapter a frozen copy of it ("ref") to score the reference with, meant
+    for an adapter trained before. Ours is new (peft's B = 0: the base's outputs), so the base with the adapter
+    disabled is the same reference without the copy: no LoRA layers in each reference forward, no `ref/` adapter
+    saved beside the trained one."""
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
 
 
 def describe(stage: Stage, args, reference: str) -> str:

@@ -107,6 +107,7 @@ def test_a_dpo_lora_recipe_trains_scoring_the_reference_with_the_adapter_off_and
     logged = steps(train_log(out))
     assert logged[0]["loss"] == pytest.approx(0.6931, abs=1e-4)  # adapter B starts at zero: policy = reference
     assert logged[-1]["rewards/margins"] != 0 and (out / "adapter_model.safetensors").is_file()
+    assert not (out / "ref").exists()  # TRL's frozen copy of the adapter (its reference for a trained one) is gone
     resolved = json.loads((out / "run_config.json").read_text())["training"]
     assert resolved["bf16"] and resolved["gradient_checkpointing"] == checkpointing  # the recipe's own settings ran
 
