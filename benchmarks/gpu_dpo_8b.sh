@@ -37,12 +37,14 @@ for repeat in $(seq 1 "${REPEATS:-1}"); do
     echo "== $(date +%T) $run: ${cmd[*]}" | tee -a "$out/dpo.log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mib.txt" 2>/dev/null &
     sampler=$!
-    timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" > "$run/stdout.log" 2>&1 &
+    # Each run compiles its Triton kernels (TRL's chunked log-probs, Liger's) from cold: the first run on a machine
+    # would otherwise pay for the compilation every later run reuses.
+    TRITON_CACHE_DIR="$run/triton" timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}" > "$run/stdout.log" 2>&1 &
     child=$!; wait "$child"; rc=$?; kill "$sampler" 2>/dev/null
     echo "rc $rc" | tee -a "$out/dpo.log"; [ $rc = 0 ] || tail -25 "$run/stdout.log" >> "$out/dpo.log"
     cp "$run/out/train_log.jsonl" "$run/" 2>/dev/null
     python3 benchmarks/dpo_bench.py report --work "$work" --out "$out/dpo.md" > /dev/null 2>&1
-    tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs lengths.json
+    tar -C "$work" --exclude=out --exclude=triton -czf "$out/runs.tgz" runs lengths.json
   done
 done
 python3 benchmarks/dpo_bench.py report --work "$work" --out "$out/dpo.md"
