@@ -8,7 +8,7 @@ python3 -c "import torch,transformers,trl,deepspeed,accelerate;print(torch.__ver
 echo "layers $LAYERS" >> $OUT/gpu.txt
 for side in old new; do
   dir=$root; [ $side = old ] && dir=$root/.gpuprev
-  (cd $dir && PYTHONPATH=$dir:$HFZ_SITE python3 benchmarks/packing_bench.py prepare --work /tmp/pk-$side --examples 400 > /dev/null 2>&1)
+  (cd $dir && PYTHONPATH=$dir:$HFZ_SITE python3 benchmarks/packing_bench.py prepare --work /tmp/pk-$side --examples ${EXAMPLES:-400} > /dev/null 2>&1)
   python3 - /tmp/pk-$side/llama2-7b-shape/config.json $LAYERS <<'PY'
 import json, sys
 p, n = sys.argv[1], int(sys.argv[2]); c = json.load(open(p)); c["num_hidden_layers"] = n; json.dump(c, open(p, "w"), indent=1)
