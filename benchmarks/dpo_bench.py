@@ -106,8 +106,9 @@ def report(work: Path, out: Path) -> None:
         result = _run(folder, tokens)
         if first is None and not math.isnan(result["tokens_per_s"]):
             first = result["tokens_per_s"]
-        lines.append(f"| {folder.name} | {result['runtime_s']:.1f} | {result['tokens_per_s']:,.0f} | "
-                     f"{result['tokens_per_s'] / (first or math.nan):.3f} | {result['steps']} | {result['nvml_peak_gib']:.1f} | "
+        ratio = result["tokens_per_s"] / (first or math.nan)
+        lines.append(f"| {folder.name} | {result['runtime_s']:.1f} | {result['tokens_per_s']:,.0f} | {ratio:.3f} | "
+                     f"{result['steps']} | {result['nvml_peak_gib']:.1f} | "
                      f"{' '.join(str(x) for x in result['losses'])} |")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

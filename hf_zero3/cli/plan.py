@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab"):
         model.add_argument(f"--{flag}", type=positive_int, help="override (or, without --model, define) the shape")
     run = parser.add_argument_group("training")
-    run.add_argument("--seq-len", type=positive_int, help="tokens per sample (default: the block_size of the recipe --model names, else min(4096, the "
-                     "model's max))")
+    run.add_argument("--seq-len", type=positive_int,
+                     help="tokens per sample (default: the block_size of the recipe --model names, else min(4096, "
+                     "the model's max))")
     run.add_argument("--micro-batch", type=positive_int, help="fix the per-GPU batch (default: searched)")
     run.add_argument("--global-batch", type=positive_int,
                      help="samples per optimizer step (default: micro batch x GPUs)")
@@ -52,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "or Liger's fused linear cross-entropy)")
     run.add_argument("--precompute-ref", action=argparse.BooleanOptionalAction, default=None,
                      help="the reference's log-probs are precomputed before training (no second model during it); "
-                     "default: as the recipe --model names sets stage_args.precompute_ref_log_probs (--no-precompute-ref "
-                     "plans a recipe that sets it without)")
+                     "default: as the recipe --model names sets stage_args.precompute_ref_log_probs "
+                     "(--no-precompute-ref plans a recipe that sets it without)")
     hw = parser.add_argument_group("hardware (default: this machine)")
     hw.add_argument("--hardware", metavar="PROFILE",
                     help="a named machine (hf_zero3/plan/profiles.py: p4d.24xlarge, nd-a100-v4, a2-highgpu-4g, "
@@ -130,29 +131,28 @@ def _recipe_values(args: argparse.Namespace) -> dict:
     return recipe.values if recipe is not None else {}
 
 
-def _seq_len(args: argparse.Namespace, shape) -> int:
-    """`--seq-len`, else the block_size of the recipe `--model` names, else min(4096, the model's max)."""
-    block_size = _recipe_values(args).get("block_size")
+def _seq_len(args: argparse.Namespace, shape, recipe: dict) -> int:
+    """`--seq-len`, else the block_size of the recipe `--model` names (`recipe`), else min(4096, the model's max)."""
+    block_size = recipe.get("block_size")
     return args.seq_len or (int(block_size) if block_size else min(4096, shape.max_positions))
 
 
-def _adapter(args: argparse.Namespace, shape):
-    """The LoRA adapter to plan: `--lora-rank`, else the `peft:` block of the recipe `--model` names (None: every
-    weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
+def _adapter(args: argparse.Namespace, shape, recipe: dict):
+    """The LoRA adapter to plan: `--lora-rank`, else the `peft:` block of the recipe `--model` names (`recipe`; None:
+    every weight trains); `--lora-dropout` sets its dropout. ValueError naming a bad block."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.model import lora
 
-    return lora.planned(shape, _recipe_values(args).get("peft"), args.lora_rank, args.lora_dropout)
+    return lora.planned(shape, recipe.get("peft"), args.lora_rank, args.lora_dropout)
 
 
-def _preference(args: argparse.Namespace, lora: bool):
+def _preference(args: argparse.Namespace, recipe: dict, lora: bool):
     """The stage to plan: `--stage`/`--precompute-ref`, else the recipe's `stage` and `stage_args` (None: SFT)."""
     # imported when the verb runs, as in main: every `hf-zero3` call builds all the verbs' parsers
     from hf_zero3.plan.preference import preference_of
 
-    values = _recipe_values(args)
-    precompute = (values.get("stage_args") or {}).get("precompute_ref_log_probs")
-    return preference_of(args.stage or values.get("stage") or "sft", lora=lora,
+    precompute = (recipe.get("stage_args") or {}).get("precompute_ref_log_probs")
+    return preference_of(args.stage or recipe.get("stage") or "sft", lora=lora,
                          precompute=bool(args.precompute_ref if args.precompute_ref is not None else precompute))
 
 
@@ -168,10 +168,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         shape = _shape(args)
         hardware = _hardware(args)
-        seq_len = _seq_len(args, shape)
+        recipe = _recipe_values(args)
+        seq_len = _seq_len(args, shape, recipe)
         liger, liger_why = _liger(args.liger)
-        adapter = _adapter(args, shape)
-        preference = _preference(args, lora=adapter is not None)
+        adapter = _adapter(args, shape, recipe)
+        preference = _preference(args, recipe, lora=adapter is not None)
         choice = choose(shape, hardware, seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
                         precision=args.precision, attention=args.attention,
                         load_bytes=4 if args.from_scratch else None, liger=liger, adapter=adapter,
