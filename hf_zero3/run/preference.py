@@ -93,10 +93,15 @@ def build_data(stage: Stage, data_args, tokenizer, training_args) -> Prepared:
 
 
 def weights_hash(model) -> str:
-    """sha256 of the model's weights, gathered one parameter at a time under ZeRO-3 (on every rank: a collective).
-    TRL hashes `state_dict()`, which under ZeRO-3 holds only empty partitions: the same hash for any weights."""
+    """sha256 of the reference's weights, gathered one parameter at a time under ZeRO-3 (on every rank: a
+    collective). TRL hashes `state_dict()`, which under ZeRO-3 holds only empty partitions: the same hash for any
+    weights. With a LoRA adapter the reference is the frozen base (the adapter disabled): the adapter, new and
+    randomly initialized, is left out, so another seed or rank keeps the base's hash."""
     digest = hashlib.sha256()
+    adapter = hasattr(model, "peft_config")
     for name, param in sorted(model.named_parameters()):
+        if adapter and param.requires_grad:  # the adapter's own weights: not the reference's
+            continue
         if hasattr(param, "ds_id"):  # partitioned by ZeRO-3: gathered whole for the moment it is read
             with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                 data = param.detach().to("cpu", torch.float32).numpy().tobytes()

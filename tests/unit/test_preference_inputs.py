@@ -154,3 +154,22 @@ def test_a_stored_precompute_of_another_hash_is_refused_naming_what_differs_and_
     (where / KEY_FILE).unlink()  # stored without its parts: the refusal says what the hash covers
     assert "differ in: data, tokenizer, chat template or reference weights (not recorded)" in refusal(
         train, None, tokenizer, model)
+
+
+def test_the_reference_hash_of_a_lora_run_is_its_base_whatever_the_adapter():
+    """With LoRA the reference is the base with the adapter disabled: its precomputed log-probs stay reusable under
+    another seed or rank of the new adapter, and not under other base weights."""
+    import peft
+    import torch
+
+    from hf_zero3.run.preference import weights_hash
+
+    def with_adapter(base_seed: int, adapter_seed: int, r: int):
+        torch.manual_seed(base_seed)
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ROOT / "assets/tiny/model"))
+        torch.manual_seed(adapter_seed)
+        return peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules="all-linear"))
+
+    first = weights_hash(with_adapter(0, 1, 8))
+    assert weights_hash(with_adapter(0, 2, 8)) == first and weights_hash(with_adapter(0, 1, 4)) == first
+    assert weights_hash(with_adapter(3, 1, 8)) != first
