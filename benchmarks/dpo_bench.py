@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import math
 import random
@@ -24,19 +23,14 @@ import re
 import statistics
 from pathlib import Path
 
+from packing_bench import tiny_assets  # run as a script: benchmarks/ is on the path
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 2048
 
 
-def _assets():
-    spec = importlib.util.spec_from_file_location("build_assets", ROOT / "assets/tiny/build_assets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _text(r: random.Random, tokenizer, target: int) -> str:
-    assets = _assets()
+    assets = tiny_assets()
     text = assets.paragraph(r)
     while len(tokenizer(text)["input_ids"]) < target:
         text += " " + assets.paragraph(r)

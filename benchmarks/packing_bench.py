@@ -15,6 +15,7 @@ Llama-2-7B's shape from a config, random weights.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -30,7 +31,9 @@ LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
              "vocab_size": 32000, "tie_word_embeddings": False, "rope_theta": 10000.0}
 
 
-def _assets():
+@functools.cache
+def tiny_assets():
+    """assets/tiny/build_assets.py, loaded once: the tiny corpus' text and conversation generators."""
     spec = importlib.util.spec_from_file_location("build_assets", ROOT / "assets/tiny/build_assets.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -39,7 +42,7 @@ def _assets():
 
 def long_tailed_conversations(n: int, seed: int, tokenizer) -> list[list[dict]]:
     """Conversations whose rendered lengths follow a log-normal (median 300 tokens, sigma 1), capped below BLOCK."""
-    assets = _assets()
+    assets = tiny_assets()
     r = random.Random(seed)
 
     def tokens(messages):
