@@ -3,6 +3,7 @@
 # (`hf-zero3 plan --seq-len L`: its ds_config and TrainingArguments, tiled compute and activation offload included)
 # against stock Hugging Face as a competent user sets it: the same ZeRO-3 ds_config (an 8B's optimizer states need
 # its partial CPU offload on one GPU), activation checkpointing and Liger, no tiling, no activation offload.
+# The model: Llama-3.1-8B's shape and positions, random weights (MODEL=folder for another config).
 # Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
 # Usage, from the repository root:  RUNS="ours:131072 stock:131072 stock:65536" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
 # A run is side:length. Each run sits in its own timeout (RUN_TIMEOUT s); a stock run at a length that does not fit
@@ -12,14 +13,29 @@ set -uo pipefail
 source benchmarks/common.sh || exit 1
 out=${1:?OUT_DIR}; work=${WORK:-/tmp/long-seq}; steps=${STEPS:-3}
 mkdir -p "$out" "$work/runs"
-trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; exit 143' TERM INT
+save_runs() { cp "${run:-}/out/train_log.jsonl" "${run:-}/" 2>/dev/null; tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs; }
+# Stopped from outside (a time limit), the run in flight is ended and every run's files so far are kept.
+trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampler:-}" 2>/dev/null; save_runs; exit 143' TERM INT
 llama3_8b_config
+if [ -z "${MODEL:-}" ]; then  # Llama-3.1-8B's positions (131072, its rope scaling), or the longest run's if longer
+  longest=$(for spec in ${RUNS:-x:131072}; do echo "${spec#*:}"; done | sort -n | tail -1)
+  MODEL=$work/llama31-8b-$longest
+  python3 - "$MODEL" "$longest" <<'PY'
+import json, os, sys
+config = json.load(open("outputs/llama3-8b/config.json"))
+config.update(max_position_embeddings=max(131072, int(sys.argv[2])), rope_scaling={
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192})
+os.makedirs(sys.argv[1], exist_ok=True)
+json.dump(config, open(os.path.join(sys.argv[1], "config.json"), "w"), indent=2)
+PY
+fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
 [ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
 for spec in ${RUNS:-ours:131072 stock:131072 stock:65536}; do
   IFS=: read -r side length <<<"$spec"
   run="$work/runs/$(printf %02d "$(ls "$work/runs" | wc -l)")_${side}_$length"; mkdir -p "$run"
-  HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model ${MODEL:-outputs/llama3-8b} --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
+  HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
     --micro-batch 1 ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
   args=$(sed -n 's/^TrainingArguments: //p' "$run/plan.txt")
   if [ "$side" = stock ]; then
@@ -35,8 +51,8 @@ PY
   echo "== $(date +%T) $run: $args" | tee -a "$out/long.log"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mib.txt" 2>/dev/null &
   sampler=$!
-  eval "timeout ${RUN_TIMEOUT:-300} torchrun --nproc_per_node 1 -m hf_zero3.train recipes/8b/train_args.yaml \
-    --model_name_or_path null --config_name ${MODEL:-outputs/llama3-8b} --tokenizer_name assets/tiny/model \
+  eval "exec timeout ${RUN_TIMEOUT:-300} torchrun --nproc_per_node 1 -m hf_zero3.train recipes/8b/train_args.yaml \
+    --model_name_or_path null --config_name $MODEL --tokenizer_name assets/tiny/model \
     --deepspeed $run/ds_config.json --train_file $work/corpus.txt --block_size $length \
     --per_device_train_batch_size 1 --gradient_accumulation_steps 1 --use_liger_kernel true $args \
     --max_steps $steps --logging_steps 1 --save_strategy no --save_final_model false --output_dir $run/out ${EXTRA:-}" \
@@ -46,7 +62,6 @@ PY
   echo "rc $rc, steps $(grep -c step_time_s "$run/out/train_log.jsonl" 2>/dev/null), nvidia-smi peak ${peak:-?} MiB" | tee -a "$out/long.log"
   grep -E "OutOfMemory|out of memory" "$run/stdout.log" | head -2 >> "$out/long.log"
   [ $rc = 0 ] || tail -15 "$run/stdout.log" >> "$out/long.log"
-  cp "$run/out/train_log.jsonl" "$run/" 2>/dev/null
+  save_runs
   grep -h step_time_s "$run/train_log.jsonl" 2>/dev/null | cut -c1-400 >> "$out/long.log"
-  tar -C "$work" --exclude=out --exclude=corpus.txt -czf "$out/runs.tgz" runs
 done

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 import datasets
+import pyarrow.compute as pc
 from jinja2 import TemplateError, TemplateSyntaxError
 
 from hf_zero3.data.arguments import DataArguments, DataSource, block_size_problem, sources_of
@@ -24,6 +25,9 @@ from hf_zero3.data.formats import (ALPACA, ROLES, alpaca_row, as_messages, detec
 from hf_zero3.data.loading import dataset_problem, file_problem, load_file, load_hub, load_source
 from hf_zero3.data.tokenize import IGNORE, NotPrefixError, Tokenizer, chat_template_of
 from hf_zero3.parsing import ParseError
+
+BLOCKS_PER_BATCH = 64
+"""Raw text is cut into blocks a map batch at a time, each batch's remainder dropped: at most 1/64 of the tokens."""
 
 BLOCKS, PACKED, PADDED = "blocks", "packed", "padded"
 """How the train data is batched: full raw-text blocks, packed examples with position_ids, one example per row."""
@@ -324,8 +328,14 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
     from trl import pack_dataset  # TRL takes seconds: only once the data is in
 
     def full_blocks(docs, name):
-        """TRL's wrapped packing: the documents of each 1000 joined and cut into blocks; each remainder dropped."""
-        wrapped = pack_dataset(docs, block, "wrapped", {"desc": f"pack {name} into {block}-token blocks", **map_args})
+        """TRL's wrapped packing: the documents of each map batch joined and cut into blocks, each batch's remainder
+        dropped. A batch holds about BLOCKS_PER_BATCH blocks of tokens (at least 1000 documents, `datasets`'
+        default), in one process: a long block_size with the default batch of 1000 short documents would get no
+        block at all, and a shard per process would drop a remainder each."""
+        per_doc = pc.mean(pc.list_value_length(docs.data.column("input_ids"))).as_py() or 1  # arrow: no copy
+        batch = max(1000, int(BLOCKS_PER_BATCH * block / per_doc))
+        wrapped = pack_dataset(docs, block, "wrapped", {"desc": f"pack {name} into {block}-token blocks",
+                                                        "batch_size": batch, **map_args, "num_proc": None})
         return wrapped.filter(lambda b: [len(x) == block for x in b["input_ids"]], batched=True, **map_args).map(
             lambda b: {"labels": b["input_ids"]}, batched=True, **map_args)
 

@@ -480,3 +480,15 @@ def test_a_parquet_without_the_column_names_its_columns(tmp_path):
 def test_bad_mixture_entries_are_listed_together(tmp_path):
     message = problems_of(tmp_path, datasets=[{"path": str(CHAT), "wieght": 2}, {"name": "x", "path": "y"}, 5])
     assert "datasets[0].wieght" in message and "exactly one of path" in message and "datasets[2]" in message
+
+
+def test_raw_text_of_short_documents_fills_blocks_longer_than_a_thousand_of_them(training_args, tokenizer, tmp_path):
+    """Wrapped packing cuts blocks a map batch at a time, dropping each batch's remainder: with `datasets`' default
+    batch of 1000 documents, 3,000 short ones never filled one 16K block and the run was refused."""
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("".join(f"line {i} of many short documents.\n" for i in range(3000)))
+    tokens = sum(len(x) + 1 for x in tokenizer(corpus.read_text().splitlines())["input_ids"])
+    block = 16384
+    prepared = build_datasets(DataArguments(train_file=str(corpus), block_size=block), tokenizer, training_args, block)
+    assert len(prepared.train) == tokens // block >= 1, tokens
+    assert {len(x) for x in prepared.train["input_ids"]} == {block}
