@@ -122,6 +122,25 @@ def lora_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
     return cases
 
 
+# A long sequence on one H100 80GB (benchmarks/gpu_long_seq_8b.sh): the Llama-3.2-3B shape at 131,072 tokens with the
+# planner's configuration, run by `hf-zero3 train` (TRL's fused LM head, Liger).
+LONG_SEQ = "results/2026-12-05_long-seq-3b-h100"
+H100X1 = Hardware(nodes=1, gpus_per_node=1, gpu_mem=79 * GiB, host_ram=125 * GiB)
+
+
+def long_seq_case() -> tuple[ModelShape, Training, ZeroSpec, float]:
+    """(shape, training, spec, measured peak allocated GiB) of the long-sequence run, from its ds_config."""
+    from hf_zero3.config.convert import spec_from_ds_config
+
+    run = HERE / LONG_SEQ / "00_ours_131072"
+    ds = json.loads((run / "ds_config.json").read_text())
+    spec = _spec(spec_from_ds_config(ds)[0], activation_checkpointing=True,
+                 activation_offload=bool(ds["activation_checkpointing"]["cpu_checkpointing"]))
+    measured = max(json.loads(line).get("gpu_peak_allocated_gib", 0) for line in
+                   (run / "train_log.jsonl").read_text().splitlines())
+    return load_shape(str(HERE / LONG_SEQ / "model")), Training(131072, liger=True), spec, measured
+
+
 def bench_peak_gib(jsonl: str, variant: str) -> float:
     rows = [current_names(json.loads(line)) for line in (HERE / jsonl).read_text().splitlines()]
     return max(r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gib" in r)
@@ -160,6 +179,10 @@ def gpu_table() -> str:
             former = " (DeepSpeed's linear, fp32 adapter: their terms added)"
         lines.append(_row(variant, f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
                           f"{training.micro_batch}{former}", predicted, measured))
+    shape, training, spec, measured = long_seq_case()
+    predicted = plan_of(shape, H100X1, training, spec).gpu_allocated_bytes  # TRL's fused LM head, as the run
+    lines.append(_row(f"{Path(LONG_SEQ).name}/ours", f"3B at 131,072 tokens on 1 GPU: {describe(spec)} + Liger",
+                      predicted, measured))
     return "\n".join(lines) + "\n"
 
 
