@@ -23,8 +23,10 @@ if [ -z "${MODEL:-}" ]; then  # Llama-3.1-8B's positions (131072, its rope scali
   python3 - "$MODEL" "$longest" <<'PY'
 import json, os, sys
 config = json.load(open("outputs/llama3-8b/config.json"))
-config.update(max_position_embeddings=max(131072, int(sys.argv[2])), rope_scaling={
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+theta = config.pop("rope_parameters", {}).get("rope_theta") or config.pop("rope_theta", 500000.0)
+config.pop("rope_scaling", None)  # transformers 5 reads rope_parameters (a legacy rope_scaling loses rope_theta)
+config.update(max_position_embeddings=max(131072, int(sys.argv[2])), rope_parameters={
+    "rope_type": "llama3", "rope_theta": theta, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192})
 os.makedirs(sys.argv[1], exist_ok=True)
 json.dump(config, open(os.path.join(sys.argv[1], "config.json"), "w"), indent=2)
