@@ -2,7 +2,9 @@
 # The longest sequence a Llama-3-8B-shape full fine-tune trains at on one GPU: the planner's configuration
 # (`hf-zero3 plan --seq-len L`: its ds_config and TrainingArguments, tiled compute and activation offload included)
 # against stock Hugging Face as a competent user sets it: the same ZeRO-3 ds_config (an 8B's optimizer states need
-# its partial CPU offload on one GPU), activation checkpointing and Liger, no tiling, no activation offload.
+# partial CPU offload on one GPU), activation checkpointing and Liger, no tiling, no activation offload.
+# long_seq.md (benchmarks/long_seq_report.py) tabulates the runs: step time, memory against the plan, and the longest
+# length each side trained at.
 # The model: Llama-3.1-8B's shape and positions, random weights (MODEL=folder for another config).
 # Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
 # Usage, from the repository root:  RUNS="ours:131072 stock:131072 stock:65536" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
@@ -13,7 +15,10 @@ set -uo pipefail
 source benchmarks/common.sh || exit 1
 out=${1:?OUT_DIR}; work=${WORK:-/tmp/long-seq}; steps=${STEPS:-3}
 mkdir -p "$out" "$work/runs"
-save_runs() { cp "${run:-}/out/train_log.jsonl" "${run:-}/" 2>/dev/null; tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs; }
+save_runs() {
+  cp "${run:-}/out/train_log.jsonl" "${run:-}/" 2>/dev/null; tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs
+  python3 benchmarks/long_seq_report.py "$work" "$out/long_seq.md" "$steps" > /dev/null
+}
 # Stopped from outside (a time limit), the run in flight is ended and every run's files so far are kept.
 trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampler:-}" 2>/dev/null; save_runs; exit 143' TERM INT
 llama3_8b_config
@@ -41,7 +46,8 @@ for spec in ${RUNS:-ours:131072 stock:131072 stock:65536}; do
     --micro-batch 1 ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
   args=$(sed -n 's/^TrainingArguments: //p' "$run/plan.txt")
   if [ "$side" = stock ]; then
-    # The planner's ds_config (its offload ratio), with the stock HF switches only: checkpointing and Liger.
+    # The planner's ds_config at this length (its optimizer offload ratio: on a 134 GB host an 8B's whole optimizer
+    # does not fit beside the rest), with the stock HF switches only: checkpointing and Liger.
     args="--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 true"
     args+=" --tiled_compute false --activation_offload false"
     python3 - "$run/ds_config.json" <<'PY'
@@ -59,7 +65,7 @@ PY
     --per_device_train_batch_size 1 --gradient_accumulation_steps 1 --use_liger_kernel true $args \
     --max_steps $steps --logging_steps 1 --save_strategy no --save_final_model false --output_dir $run/out ${EXTRA:-}" \
     > "$run/stdout.log" 2>&1 &
-  child=$!; wait "$child"; rc=$?; kill "$sampler" 2>/dev/null
+  child=$!; wait "$child"; rc=$?; kill "$sampler" 2>/dev/null; echo "$rc" > "$run/rc.txt"
   peak=$(sort -n "$run/gpu_mib.txt" | tail -1)
   echo "rc $rc, steps $(grep -c step_time_s "$run/out/train_log.jsonl" 2>/dev/null), nvidia-smi peak ${peak:-?} MiB" | tee -a "$out/long.log"
   grep -E "OutOfMemory|out of memory" "$run/stdout.log" | head -2 >> "$out/long.log"

@@ -204,3 +204,24 @@ def test_a_stock_lora_run_out_of_memory_steps_down_to_the_next_micro_batch_that_
     assert not bench.out_of_memory(log)
     log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB\n")
     assert bench.out_of_memory(log)
+
+
+def test_the_long_sequence_report_reads_each_run_and_names_the_longest_length_each_side_trained(tmp_path):
+    """From the folders `gpu_long_seq_8b.sh` leaves: the committed 3B run (3 steps) as ours at 131,072, a stock run
+    at 131,072 that ran out of memory, and one at 65,536 that trained."""
+    import shutil
+
+    measured = RESULTS / "2026-12-05_long-seq-3b-h100" / "00_ours_131072"
+    runs = tmp_path / "runs"
+    shutil.copytree(measured, runs / "00_ours_131072")
+    (runs / "00_ours_131072" / "rc.txt").write_text("0\n")
+    oom = runs / "01_stock_131072"
+    oom.mkdir()
+    (oom / "rc.txt").write_text("1\n")
+    (oom / "stdout.log").write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.77 GiB.\n")
+    shutil.copytree(measured, runs / "02_stock_65536")
+    (runs / "02_stock_65536" / "rc.txt").write_text("0\n")
+    table = _load("long_seq_report").report(tmp_path, 3)
+    assert "| ours 131,072 | trained 3 steps | 31.5 | 4,160 | 52.2 | 61.7 | 76.1 | 77.5 |" in table, table
+    assert "| stock 131,072 | out of memory | - | - |" in table
+    assert "ours 131,072, stock 65,536 (2.00x stock's length" in table
