@@ -484,7 +484,8 @@ def test_bad_mixture_entries_are_listed_together(tmp_path):
 
 def test_raw_text_of_short_documents_fills_blocks_longer_than_a_thousand_of_them(training_args, tokenizer, tmp_path):
     """Wrapped packing cuts blocks a map batch at a time, dropping each batch's remainder: with `datasets`' default
-    batch of 1000 documents, 3,000 short ones never filled one 16K block and the run was refused."""
+    batch of 1000 documents, 3,000 short ones gave one 16K block per batch, a block fewer than their tokens hold
+    (and a block longer than a batch's tokens none at all: a 131072-token run was refused)."""
     corpus = tmp_path / "short.txt"
     corpus.write_text("".join(f"line {i} of many short documents.\n" for i in range(3000)))
     tokens = sum(len(x) + 1 for x in tokenizer(corpus.read_text().splitlines())["input_ids"])
