@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The longest sequence a Llama-3-8B-shape full fine-tune trains at on one GPU: the planner's configuration
 # (`hf-zero3 plan --seq-len L`: its ds_config and TrainingArguments, tiled compute and activation offload included)
-# against stock Hugging Face as a competent user sets it: the same ZeRO-3 ds_config (an 8B's optimizer states need
-# partial CPU offload on one GPU), activation checkpointing and Liger, no tiling, no activation offload.
-# long_seq.md (benchmarks/long_seq_report.py) tabulates the runs: step time, memory against the plan, and the longest
+# against stock Hugging Face as a competent user sets it: ZeRO-3 with the least optimizer offload that the planner
+# says fits without activation offload (an 8B's optimizer states need partial CPU offload on one GPU), activation
+# checkpointing and Liger, no tiling.
+# long_seq.md (benchmarks/long_seq_bench.py) tabulates the runs: step time, memory against the plan, and the longest
 # length each side trained at.
 # The model: Llama-3.1-8B's shape and positions, random weights (MODEL=folder for another config).
 # Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
@@ -17,7 +18,7 @@ out=${1:?OUT_DIR}; work=${WORK:-/tmp/long-seq}; steps=${STEPS:-3}
 mkdir -p "$out" "$work/runs"
 save_runs() {
   cp "${run:-}/out/train_log.jsonl" "${run:-}/" 2>/dev/null; tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs
-  python3 benchmarks/long_seq_report.py "$work" "$out/long_seq.md" "$steps" > /dev/null
+  python3 benchmarks/long_seq_bench.py report "$work" "$out/long_seq.md" "$steps" > /dev/null
 }
 # Stopped from outside (a time limit), the run in flight is ended and every run's files so far are kept.
 trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampler:-}" 2>/dev/null; save_runs; exit 143' TERM INT
@@ -46,15 +47,13 @@ for spec in ${RUNS:-ours:131072 stock:131072 stock:65536}; do
     --micro-batch 1 ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
   args=$(sed -n 's/^TrainingArguments: //p' "$run/plan.txt")
   if [ "$side" = stock ]; then
-    # The planner's ds_config at this length (its optimizer offload ratio: on a 134 GB host an 8B's whole optimizer
-    # does not fit beside the rest), with the stock HF switches only: checkpointing and Liger.
+    # Stock's best at this length: the planner's least-offload ZeRO-3 option with checkpointing and no activation
+    # offload (benchmarks/long_seq_bench.py stock-config), with the stock HF switches only: checkpointing and Liger.
     args="--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 true"
     args+=" --tiled_compute false --activation_offload false"
-    python3 - "$run/ds_config.json" <<'PY'
-import json, sys  # DeepSpeed's cpu_checkpointing is the product's activation offload: stock runs without it
-config = json.load(open(sys.argv[1])); config.pop("activation_checkpointing", None)
-json.dump(config, open(sys.argv[1], "w"), indent=2)
-PY
+    HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
+      --micro-batch 1 ${PLAN_ARGS:-} --json > "$run/plan.json" 2>/dev/null
+    python3 benchmarks/long_seq_bench.py stock-config "$run/plan.json" "$run/ds_config.json" >> "$run/plan.txt"
   fi
   echo "== $(date +%T) $run: $args" | tee -a "$out/long.log"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mib.txt" 2>/dev/null &

@@ -218,10 +218,38 @@ def test_the_long_sequence_report_reads_each_run_and_names_the_longest_length_ea
     oom = runs / "01_stock_131072"
     oom.mkdir()
     (oom / "rc.txt").write_text("1\n")
-    (oom / "stdout.log").write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.77 GiB.\n")
+    (oom / "stdout.log").write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.77 GiB\n")
     shutil.copytree(measured, runs / "02_stock_65536")
     (runs / "02_stock_65536" / "rc.txt").write_text("0\n")
-    table = _load("long_seq_report").report(tmp_path, 3)
+    table = _load("long_seq_bench").report(tmp_path, 3)
     assert "| ours 131,072 | trained 3 steps | 31.5 | 4,160 | 52.2 | 61.7 | 76.1 | 77.5 |" in table, table
     assert "| stock 131,072 | out of memory | - | - |" in table
     assert "ours 131,072, stock 65,536 (2.00x stock's length" in table
+
+
+def test_the_stock_side_of_the_long_sequence_run_takes_the_least_offload_a_stock_script_can_set_that_fits():
+    """The planner's options, fastest first: activation offload and checkpointing some layers only are ours, not a
+    stock script's; the first fitting ZeRO-3 option with whole checkpointing gives its offload; our ds_config's
+    activation offload block goes."""
+    bench = _load("long_seq_bench")
+    option = dict(stage=3, checkpointing=True, activation_offload=False, offload_param="none", fits=True, problems=[],
+                  offload_optimizer="cpu", offload_optimizer_pin_memory=True, gpu_bytes=1)
+    plan = {"options": [
+        {**option, "option": "ZeRO-3 + offload optimizer (cpu, ratio 0.4) + checkpointing + activation offload",
+         "activation_offload": True, "offload_optimizer_ratio": 0.4},
+        {**option, "option": "ZeRO-3 + checkpointing (first 27 layers)", "offload_optimizer": "none",
+         "offload_optimizer_ratio": 1.0},
+        {**option, "option": "ZeRO-3 + offload optimizer (cpu, ratio 0.5) + checkpointing", "fits": False,
+         "offload_optimizer_ratio": 0.5},
+        {**option, "option": "ZeRO-3 + offload optimizer (cpu, ratio 0.7) + checkpointing",
+         "offload_optimizer_ratio": 0.7},
+    ]}
+    ours = {"activation_checkpointing": {"cpu_checkpointing": True}, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.4}}}
+    stock = bench.stock_config(plan, ours)
+    assert stock == {"bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.7}}}
+    for o in plan["options"]:  # none fits: the least GPU memory whose host RAM fits, to be tried
+        o["fits"] = False
+    plan["options"][3]["problems"] = ["host RAM needs 200 GB per node of 134 GB"]
+    assert bench.stock_option(plan)["option"] == "ZeRO-3 + offload optimizer (cpu, ratio 0.5) + checkpointing"

@@ -1,0 +1,107 @@
+"""The two halves of `gpu_long_seq_8b.sh` that are not shell:
+- stock-config: the ds_config of the stock side at a length: from the planner's options at that length
+  (`hf-zero3 plan --json`), the first that fits with ZeRO-3 and whole activation checkpointing and without what a
+  stock script cannot switch on (activation offload, checkpointing some layers only); its offload put into the
+  planner's ds_config, whose activation offload block is dropped;
+- report: per run (side:length) whether it trained its steps or ran out of memory, its step time, its memory
+  against the plan, and the longest length each side trained at.
+Usage:  python3 benchmarks/long_seq_bench.py stock-config PLAN.json DS_CONFIG.json (rewritten in place)
+        python3 benchmarks/long_seq_bench.py report WORK_DIR OUT.md [STEPS]   (the script runs it after every run)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+GiB = 1024**3
+
+
+def stock_option(plan: dict) -> dict | None:
+    """The least-offload option a stock script can set that fits (the planner lists its options by offload); when
+    none is planned to fit, the one that needs the least GPU memory of those whose host RAM fits (the plan errs
+    high: the run says whether it fits)."""
+    settable = [o for o in plan["options"] if o["stage"] == 3 and o["checkpointing"] and not o["activation_offload"]
+                and "(first" not in o["option"]]
+    fitting = [o for o in settable if o["fits"]]
+    if fitting or not settable:
+        return fitting[0] if fitting else None
+    return min(settable, key=lambda o: (any("host" in p for p in o["problems"]), o["gpu_bytes"]))
+
+
+def stock_config(plan: dict, ds_config: dict) -> dict | None:
+    """`ds_config` with the offload of `stock_option` and without activation offload; None without an option."""
+    option = stock_option(plan)
+    if option is None:
+        return None
+    config = {k: v for k, v in ds_config.items() if k != "activation_checkpointing"}
+    zero = dict(config["zero_optimization"])
+    zero.pop("offload_optimizer", None)
+    zero.pop("offload_param", None)
+    if option["offload_optimizer"] != "none":
+        zero["offload_optimizer"] = {"device": option["offload_optimizer"],
+                                     "pin_memory": option["offload_optimizer_pin_memory"],
+                                     **({"ratio": option["offload_optimizer_ratio"]}
+                                        if option["offload_optimizer_ratio"] < 1 else {})}
+    if option["offload_param"] != "none":
+        zero["offload_param"] = {"device": option["offload_param"], "pin_memory": True}
+    return {**config, "zero_optimization": zero}
+
+
+def run_row(folder: Path) -> dict:
+    """One run's facts from its folder, runs/NN_side_length/: rc.txt, plan.txt, train_log.jsonl, stdout.log and
+    gpu_mib.txt, as the script leaves them."""
+    _, side, length = folder.name.split("_")
+    read = lambda name: (folder / name).read_text() if (folder / name).is_file() else ""
+    logs = [json.loads(line) for line in read("train_log.jsonl").splitlines() if line.strip()]
+    steps = [r for r in logs if "step_time_s" in r]
+    planned = re.search(r"max_memory_allocated predicted: ([\d.]+) GB", read("plan.txt"))
+    smi = [int(x) for x in read("gpu_mib.txt").split() if x.isdigit()]
+    return {"side": side, "length": int(length), "rc": read("rc.txt").strip() or "?",
+            "oom": bool(re.search(r"OutOfMemoryError|CUDA out of memory", read("stdout.log"))), "steps": len(steps),
+            "step_s": statistics.median(r["step_time_s"] for r in steps[1:]) if len(steps) > 1 else None,
+            "allocated": max((r.get("gpu_peak_allocated_gib", 0) for r in steps), default=None),
+            "reserved": max((r.get("gpu_peak_reserved_gib", 0) for r in steps), default=None),
+            "planned": float(planned.group(1)) * 1e9 / GiB if planned else None,
+            "smi": max(smi) / 1024 if smi else None}
+
+
+def _cell(value, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def report(work: Path, wanted_steps: int) -> str:
+    rows = [run_row(f) for f in sorted((work / "runs").iterdir()) if f.is_dir() and f.name.count("_") == 2]
+    lines = ["| run | result | step s (median after the first) | tokens/s | torch peak allocated GiB | planned GiB | "
+             "reserved GiB | nvidia-smi peak GiB |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        result = (f"trained {r['steps']} steps" if r["steps"] >= wanted_steps and r["rc"] == "0"
+                  else "out of memory" if r["oom"] else f"exit {r['rc']} after {r['steps']} steps")
+        rate = r["length"] / r["step_s"] if r["step_s"] else None
+        cells = [_cell(r["step_s"], ".1f"), _cell(rate, ",.0f")] + [_cell(r[k], ".1f") for k in
+                                                                  ("allocated", "planned", "reserved", "smi")]
+        lines.append(f"| {r['side']} {r['length']:,} | {result} | " + " | ".join(cells) + " |")
+    longest = {side: max((r["length"] for r in rows if r["side"] == side and r["steps"] >= wanted_steps
+                          and r["rc"] == "0"), default=None) for side in ("ours", "stock")}
+    said = ", ".join(f"{side} {_cell(n, ',')}" for side, n in longest.items())
+    if all(longest.values()):
+        said += f" ({longest['ours'] / longest['stock']:.2f}x stock's length, among the lengths tried)"
+    return "\n".join(lines) + f"\n\nLongest length that trained {wanted_steps} steps: {said}.\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stock-config":
+        plan_json, ds_path = json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
+        stock = stock_config(plan_json, json.loads(ds_path.read_text()) if ds_path.is_file() else {})
+        if stock is None:
+            sys.exit("stock-config: the plan has no ZeRO-3 option with checkpointing")
+        ds_path.write_text(json.dumps(stock, indent=2))
+        option = stock_option(plan_json)
+        print(f"stock: {option['option']}" + ("" if option["fits"] else f" (planned not to fit: {option['problems']})"))
+    else:
+        work_dir, out_file = Path(sys.argv[2]), Path(sys.argv[3])
+        out_file.write_text(report(work_dir, int(sys.argv[4]) if len(sys.argv) > 4 else 3))
+        print(out_file.read_text())
