@@ -38,7 +38,7 @@ def stock_config(plan: dict, ds_config: dict) -> dict | None:
     if option is None:
         return None
     config = {k: v for k, v in ds_config.items() if k != "activation_checkpointing"}
-    zero = dict(config["zero_optimization"])
+    zero = {**config["zero_optimization"], "stage": option["stage"]}  # ours may have chosen ZeRO-2 (a short length)
     zero.pop("offload_optimizer", None)
     zero.pop("offload_param", None)
     if option["offload_optimizer"] != "none":
@@ -59,13 +59,17 @@ def run_row(folder: Path) -> dict:
     logs = [json.loads(line) for line in read("train_log.jsonl").splitlines() if line.strip()]
     steps = [r for r in logs if "step_time_s" in r]
     planned = re.search(r"max_memory_allocated predicted: ([\d.]+) GB", read("plan.txt"))
+    planned = float(planned.group(1)) * 1e9 / GiB if planned else None
+    if side == "stock" and read("plan.json"):  # the stock option's plan, not ours'
+        option = stock_option(json.loads(read("plan.json")))
+        planned = option["gpu_allocated_bytes"] / GiB if option else None
     smi = [int(x) for x in read("gpu_mib.txt").split() if x.isdigit()]
     return {"side": side, "length": int(length), "rc": read("rc.txt").strip() or "?",
             "oom": bool(re.search(r"OutOfMemoryError|CUDA out of memory", read("stdout.log"))), "steps": len(steps),
             "step_s": statistics.median(r["step_time_s"] for r in steps[1:]) if len(steps) > 1 else None,
             "allocated": max((r.get("gpu_peak_allocated_gib", 0) for r in steps), default=None),
             "reserved": max((r.get("gpu_peak_reserved_gib", 0) for r in steps), default=None),
-            "planned": float(planned.group(1)) * 1e9 / GiB if planned else None,
+            "planned": planned,
             "smi": max(smi) / 1024 if smi else None}
 
 
