@@ -332,7 +332,8 @@ def _text_blocks(data_args, tokenizer, sources, validation, seed, map_args) -> P
         dropped. A batch holds about BLOCKS_PER_BATCH blocks of tokens (at least 1000 documents, `datasets`'
         default), in one process: a long block_size with the default batch of 1000 short documents would get no
         block at all, and a shard per process would drop a remainder each."""
-        per_doc = pc.mean(pc.list_value_length(docs.data.column("input_ids"))).as_py() or 1  # arrow: no copy
+        ids = docs.data.column("input_ids") if "input_ids" in docs.column_names else None  # none: all empty
+        per_doc = (pc.mean(pc.list_value_length(ids)).as_py() if ids is not None else None) or 1  # arrow: no copy
         batch = max(1000, int(BLOCKS_PER_BATCH * block / per_doc))
         wrapped = pack_dataset(docs, block, "wrapped", {"desc": f"pack {name} into {block}-token blocks",
                                                         "batch_size": batch, **map_args, "num_proc": None})
