@@ -8,7 +8,7 @@
 # length each side trained at.
 # The model: Llama-3.1-8B's shape and positions, random weights (MODEL=folder for another config).
 # Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
-# Usage, from the repository root:  RUNS="ours:131072 stock:131072 stock:65536" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
+# Usage, from the repository root:  RUNS="ours:155648 stock:155648" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
 # A run is side:length. Each run sits in its own timeout (RUN_TIMEOUT s); a stock run at a length that does not fit
 # ends in an out-of-memory error, which is its result.
 # CPU plumbing check: MODEL=assets/tiny/model PLAN_ARGS="--precision fp32" EXTRA="--bf16 false" RUNS="ours:256 stock:256"
@@ -24,7 +24,7 @@ save_runs() {
 trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampler:-}" 2>/dev/null; save_runs; exit 143' TERM INT
 llama3_8b_config
 if [ -z "${MODEL:-}" ]; then  # Llama-3.1-8B's positions (131072, its rope scaling), or the longest run's if longer
-  longest=$(for spec in ${RUNS:-x:131072}; do echo "${spec#*:}"; done | sort -n | tail -1)
+  longest=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | sort -n | tail -1)
   MODEL=$work/llama31-8b-$longest
   python3 - "$MODEL" "$longest" <<'PY'
 import json, os, sys
@@ -40,19 +40,22 @@ PY
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
 [ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
-for spec in ${RUNS:-ours:131072 stock:131072 stock:65536}; do
+for spec in ${RUNS:-ours:155648 stock:155648}; do
   IFS=: read -r side length <<<"$spec"
   run="$work/runs/$(printf %02d "$(ls "$work/runs" | wc -l)")_${side}_$length"; mkdir -p "$run"
   HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
-    --micro-batch 1 ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
+    --micro-batch 1 --liger ${PLAN_ARGS:-} --write-config "$run/ds_config.json" > "$run/plan.txt" 2>&1
   args=$(sed -n 's/^TrainingArguments: //p' "$run/plan.txt")
+  if [ "$side" = ours ] && [ ! -f "$run/ds_config.json" ]; then  # the planner's answer is the result
+    echo "no plan" > "$run/rc.txt"; grep "nothing fits" "$run/plan.txt" | tee -a "$out/long.log"; save_runs; continue
+  fi
   if [ "$side" = stock ]; then
     # Stock's best at this length: the planner's least-offload ZeRO-3 option with checkpointing and no activation
     # offload (benchmarks/long_seq_bench.py stock-config), with the stock HF switches only: checkpointing and Liger.
     args="--gradient_checkpointing true --gradient_checkpointing_kwargs '{\"use_reentrant\": false}' --bf16 true"
     args+=" --tiled_compute false --activation_offload false"
     HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$length" \
-      --micro-batch 1 ${PLAN_ARGS:-} --json > "$run/plan.json" 2>/dev/null
+      --micro-batch 1 --liger ${PLAN_ARGS:-} --json > "$run/plan.json" 2>/dev/null
     python3 benchmarks/long_seq_bench.py stock-config "$run/plan.json" "$run/ds_config.json" >> "$run/plan.txt"
   fi
   echo "== $(date +%T) $run: $args" | tee -a "$out/long.log"

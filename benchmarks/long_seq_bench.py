@@ -59,7 +59,7 @@ def run_row(folder: Path) -> dict:
     logs = [json.loads(line) for line in read("train_log.jsonl").splitlines() if line.strip()]
     steps = [r for r in logs if "step_time_s" in r]
     planned = re.search(r"max_memory_allocated predicted: ([\d.]+) GB", read("plan.txt"))
-    planned = float(planned.group(1)) * 1e9 / GiB if planned else None
+    planned = float(planned.group(1)) * 1e9 / GiB if planned and (folder / "ds_config.json").is_file() else None
     if side == "stock" and read("plan.json"):  # the stock option's plan, not ours'
         option = stock_option(json.loads(read("plan.json")))
         planned = option["gpu_allocated_bytes"] / GiB if option else None
@@ -83,7 +83,8 @@ def report(work: Path, wanted_steps: int) -> str:
              "reserved GiB | nvidia-smi peak GiB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         result = (f"trained {r['steps']} steps" if r["steps"] >= wanted_steps and r["rc"] == "0"
-                  else "out of memory" if r["oom"] else f"exit {r['rc']} after {r['steps']} steps")
+                  else "out of memory" if r["oom"] else "planned not to fit" if r["rc"] == "no plan"
+                  else f"exit {r['rc']} after {r['steps']} steps")
         rate = r["length"] / r["step_s"] if r["step_s"] else None
         cells = [_cell(r["step_s"], ".1f"), _cell(rate, ",.0f")] + [_cell(r[k], ".1f") for k in
                                                                   ("allocated", "planned", "reserved", "smi")]
