@@ -4,9 +4,13 @@
   stock script cannot switch on (activation offload, checkpointing some layers only); its offload put into the
   planner's ds_config, whose activation offload block is dropped;
 - report: per run (side:length) whether it trained its steps or ran out of memory, its step time, its memory
-  against the plan, and the longest length each side trained at.
+  against the plan, and the longest length each side trained at;
+- lengths: what the planner says fits at each length, ours and the stock side's, without a GPU (the table of
+  docs/long-sequences.md).
 Usage:  python3 benchmarks/long_seq_bench.py stock-config PLAN.json DS_CONFIG.json (rewritten in place)
         python3 benchmarks/long_seq_bench.py report WORK_DIR OUT.md [STEPS]   (the script runs it after every run)
+        python3 benchmarks/long_seq_bench.py lengths MODEL L [L ...] -- PLAN_ARGS   (e.g. 8b 155648 163840 --
+        --hardware h200x1 --liger)
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +54,19 @@ def stock_config(plan: dict, ds_config: dict) -> dict | None:
     if option["offload_param"] != "none":
         zero["offload_param"] = {"device": option["offload_param"], "pin_memory": True}
     return {**config, "zero_optimization": zero}
+
+
+def planned_lengths(model: str, lengths: list[int], plan_args: list[str]) -> str:
+    """`hf-zero3 plan --json` at each length: the option ours chooses and the stock side's, or "-" where none fits."""
+    lines = ["| tokens | stock script | this plan |", "|---|---|---|"]
+    for length in lengths:
+        plan = json.loads(subprocess.run([sys.executable, "-m", "hf_zero3", "plan", "--model", model, "--seq-len",
+                                          str(length), "--micro-batch", "1", "--json", *plan_args],
+                                         capture_output=True, text=True, check=False).stdout)
+        stock = stock_option(plan)
+        ours = plan["choice"]["option"] if plan["choice"] else "-"
+        lines.append(f"| {length:,} | {stock['option'] if stock and stock['fits'] else '-'} | {ours} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_row(folder: Path) -> dict:
@@ -98,9 +116,12 @@ def report(work: Path, wanted_steps: int) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "stock-config":
+    if sys.argv[1] == "lengths":
+        cut = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+        print(planned_lengths(sys.argv[2], [int(n) for n in sys.argv[3:cut]], sys.argv[cut + 1:]), end="")
+    elif sys.argv[1] == "stock-config":
         plan_json, ds_path = json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
-        stock = stock_config(plan_json, json.loads(ds_path.read_text()) if ds_path.is_file() else {})
+        stock = stock_config(plan_json, json.loads(ds_path.read_text()))
         if stock is None:
             sys.exit("stock-config: the plan has no ZeRO-3 option with checkpointing")
         ds_path.write_text(json.dumps(stock, indent=2))

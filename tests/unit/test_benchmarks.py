@@ -253,3 +253,11 @@ def test_the_stock_side_of_the_long_sequence_run_takes_the_least_offload_a_stock
         o["fits"] = False
     plan["options"][3]["problems"] = ["host RAM needs 200 GB per node of 134 GB"]
     assert bench.stock_option(plan)["option"] == "ZeRO-3 + offload optimizer (cpu, ratio 0.5) + checkpointing"
+
+
+def test_the_planned_lengths_table_names_what_each_side_fits_from_the_planner():
+    """`long_seq_bench.py lengths`: the planner's own answers, run as the docs' command runs them."""
+    table = _load("long_seq_bench").planned_lengths("tiny", [256], ["--gpus", "1", "--gpu-mem", "80GB", "--liger"])
+    row = table.splitlines()[2]
+    assert row.startswith("| 256 | ZeRO-3 ") and "checkpointing" in row.split(" | ")[1], table
+    assert not row.endswith("| - |"), table  # ours fits on 80 GB
