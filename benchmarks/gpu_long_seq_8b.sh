@@ -23,21 +23,22 @@ save_runs() {
 # Stopped from outside (a time limit), the run in flight is ended and every run's files so far are kept.
 trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampler:-}" 2>/dev/null; save_runs; exit 143' TERM INT
 llama3_8b_config
-if [ -z "${MODEL:-}" ]; then  # Llama-3.1-8B's positions (131072, its rope scaling), or the longest run's if longer
-  longest=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | sort -n | tail -1)
-  MODEL=$work/llama31-8b-$longest
-  python3 - "$MODEL" "$longest" <<'PY'
+# Llama-3.1-8B's positions (131072, its rope scaling) unless MODEL names a config; either way at least the longest
+# run's positions, in a copy (block_size is checked against them).
+longest=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | sort -n | tail -1)
+base=${MODEL:-outputs/llama3-8b}; MODEL=$work/$(basename "$base")-$longest
+python3 - "$base/config.json" "$MODEL" "$longest" "${base#outputs/llama3-8b}" <<'PY'
 import json, os, sys
-config = json.load(open("outputs/llama3-8b/config.json"))
-theta = config.pop("rope_parameters", {}).get("rope_theta") or config.pop("rope_theta", 500000.0)
-config.pop("rope_scaling", None)  # transformers 5 reads rope_parameters (a legacy rope_scaling loses rope_theta)
-config.update(max_position_embeddings=max(131072, int(sys.argv[2])), rope_parameters={
-    "rope_type": "llama3", "rope_theta": theta, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192})
-os.makedirs(sys.argv[1], exist_ok=True)
-json.dump(config, open(os.path.join(sys.argv[1], "config.json"), "w"), indent=2)
+config = json.load(open(sys.argv[1]))
+if not sys.argv[4]:  # the 8B template: Llama-3.1's rope scaling
+    theta = config.pop("rope_parameters", {}).get("rope_theta") or config.pop("rope_theta", 500000.0)
+    config.pop("rope_scaling", None)  # transformers 5 reads rope_parameters (a legacy rope_scaling loses rope_theta)
+    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": theta, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+config["max_position_embeddings"] = max(131072, config.get("max_position_embeddings", 0), int(sys.argv[3]))
+os.makedirs(sys.argv[2], exist_ok=True)
+json.dump(config, open(os.path.join(sys.argv[2], "config.json"), "w"), indent=2)
 PY
-fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
 [ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
 for spec in ${RUNS:-ours:155648 stock:155648}; do

@@ -2,7 +2,8 @@
 - stock-config: the ds_config of the stock side at a length: from the planner's options at that length
   (`hf-zero3 plan --json`), the first that fits with ZeRO-3 and whole activation checkpointing and without what a
   stock script cannot switch on (activation offload, checkpointing some layers only); its offload put into the
-  planner's ds_config, whose activation offload block is dropped;
+  stock ZeRO-3 template's section (ds_configs/zero3.json) of the planner's ds_config, whose activation offload
+  block is dropped;
 - report: per run (side:length) whether it trained its steps or ran out of memory, its step time, its memory
   against the plan, and the longest length each side trained at;
 - lengths: what the planner says fits at each length, ours and the stock side's, without a GPU (the table of
@@ -37,15 +38,18 @@ def stock_option(plan: dict) -> dict | None:
     return min(settable, key=lambda o: (any("host" in p for p in o["problems"]), o["gpu_bytes"]))
 
 
-def stock_config(plan: dict, ds_config: dict) -> dict | None:
-    """`ds_config` with the offload of `stock_option` and without activation offload; None without an option."""
+STOCK_TEMPLATE = Path(__file__).resolve().parents[1] / "ds_configs" / "zero3.json"
+
+
+def stock_config(plan: dict, ds_config: dict, template: dict) -> dict | None:
+    """`ds_config` without activation offload, its ZeRO section the stock template's (`template`: DeepSpeed's and
+    HF's defaults, not the planner's buckets and persistence) with the offload of `stock_option`; None without an
+    option."""
     option = stock_option(plan)
     if option is None:
         return None
     config = {k: v for k, v in ds_config.items() if k != "activation_checkpointing"}
-    zero = {**config["zero_optimization"], "stage": option["stage"]}  # ours may have chosen ZeRO-2 (a short length)
-    zero.pop("offload_optimizer", None)
-    zero.pop("offload_param", None)
+    zero = {**template["zero_optimization"], "stage": option["stage"]}
     if option["offload_optimizer"] != "none":
         zero["offload_optimizer"] = {"device": option["offload_optimizer"],
                                      "pin_memory": option["offload_optimizer_pin_memory"],
@@ -100,15 +104,16 @@ def report(work: Path, wanted_steps: int) -> str:
     lines = ["| run | result | step s (median after the first) | tokens/s | torch peak allocated GiB | planned GiB | "
              "reserved GiB | nvidia-smi peak GiB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        result = (f"trained {r['steps']} steps" if r["steps"] >= wanted_steps and r["rc"] == "0"
-                  else "out of memory" if r["oom"] else "planned not to fit" if r["rc"] == "no plan"
+        result = (f"trained {r['steps']} steps" + ("" if r["rc"] == "0" else f" (then exit {r['rc']})")
+                  if r["steps"] >= wanted_steps else "out of memory" if r["oom"] else "planned not to fit" if r["rc"] == "no plan"
+                  else f"stopped from outside after {r['steps']} steps" if r["rc"] == "?"
                   else f"exit {r['rc']} after {r['steps']} steps")
         rate = r["length"] / r["step_s"] if r["step_s"] else None
         cells = [_cell(r["step_s"], ".1f"), _cell(rate, ",.0f")] + [_cell(r[k], ".1f") for k in
                                                                   ("allocated", "planned", "reserved", "smi")]
         lines.append(f"| {r['side']} {r['length']:,} | {result} | " + " | ".join(cells) + " |")
-    longest = {side: max((r["length"] for r in rows if r["side"] == side and r["steps"] >= wanted_steps
-                          and r["rc"] == "0"), default=None) for side in ("ours", "stock")}
+    longest = {side: max((r["length"] for r in rows if r["side"] == side and r["steps"] >= wanted_steps),
+                         default=None) for side in ("ours", "stock")}
     said = ", ".join(f"{side} {_cell(n, ',')}" for side, n in longest.items())
     if all(longest.values()):
         said += f" ({longest['ours'] / longest['stock']:.2f}x stock's length, among the lengths tried)"
@@ -121,7 +126,7 @@ if __name__ == "__main__":
         print(planned_lengths(sys.argv[2], [int(n) for n in sys.argv[3:cut]], sys.argv[cut + 1:]), end="")
     elif sys.argv[1] == "stock-config":
         plan_json, ds_path = json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
-        stock = stock_config(plan_json, json.loads(ds_path.read_text()))
+        stock = stock_config(plan_json, json.loads(ds_path.read_text()), json.loads(STOCK_TEMPLATE.read_text()))
         if stock is None:
             sys.exit("stock-config: the plan has no ZeRO-3 option with checkpointing")
         ds_path.write_text(json.dumps(stock, indent=2))

@@ -122,23 +122,32 @@ def lora_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
     return cases
 
 
-# A long sequence on one H100 80GB (benchmarks/gpu_long_seq_8b.sh): the Llama-3.2-3B shape at 131,072 tokens with the
-# planner's configuration, run by `hf-zero3 train` (TRL's fused LM head, Liger).
-LONG_SEQ = "results/2026-12-05_long-seq-3b-h100"
+# Long sequences on one H100 80GB (benchmarks/gpu_long_seq_8b.sh): the Llama-3.2-3B shape at 131,072 to 294,912
+# tokens, the planner's configuration and the stock side's, run by `hf-zero3 train` (TRL's fused LM head, Liger).
+LONG_SEQ = ["results/2026-12-05_long-seq-3b-h100", "results/2026-12-05_long-seq-3b-h100-vs-stock/runs"]
 H100X1 = Hardware(nodes=1, gpus_per_node=1, gpu_mem=79 * GiB, host_ram=125 * GiB)
 
 
-def long_seq_case() -> tuple[ModelShape, Training, ZeroSpec, float]:
-    """(shape, training, spec, measured peak allocated GiB) of the long-sequence run, from its ds_config."""
+def long_seq_cases() -> list[tuple[str, ModelShape, Training, ZeroSpec, float]]:
+    """(run, shape, training, spec, measured peak allocated GiB) of each long-sequence run that logged a step, from
+    its ds_config: activation checkpointing always, offloaded where the ds_config says so."""
     from hf_zero3.config.convert import spec_from_ds_config
 
-    run = HERE / LONG_SEQ / "00_ours_131072"
-    ds = json.loads((run / "ds_config.json").read_text())
-    spec = _spec(spec_from_ds_config(ds)[0], activation_checkpointing=True,
-                 activation_offload=bool(ds["activation_checkpointing"]["cpu_checkpointing"]))
-    measured = max(json.loads(line).get("gpu_peak_allocated_gib", 0) for line in
-                   (run / "train_log.jsonl").read_text().splitlines())
-    return load_shape(str(HERE / LONG_SEQ / "model")), Training(131072, liger=True), spec, measured
+    cases = []
+    for run in sorted(p for folder in LONG_SEQ for p in (HERE / folder).glob("[0-9][0-9]_*_*")):
+        logs = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()] \
+            if (run / "train_log.jsonl").is_file() else []
+        if not any("gpu_peak_allocated_gib" in r for r in logs):
+            continue
+        ds = json.loads((run / "ds_config.json").read_text())
+        spec = _spec(spec_from_ds_config(ds)[0], activation_checkpointing=True, activation_offload=bool(
+            ds.get("activation_checkpointing", {}).get("cpu_checkpointing")))
+        study = HERE / "results" / run.relative_to(HERE / "results").parts[0]
+        measured = max(r.get("gpu_peak_allocated_gib", 0) for r in logs)
+        _, side, length = run.name.split("_")
+        cases.append((f"{study.name}/{side}", load_shape(str(study / "model")), Training(int(length), liger=True),
+                      spec, measured))
+    return cases
 
 
 def bench_peak_gib(jsonl: str, variant: str) -> float:
@@ -179,10 +188,10 @@ def gpu_table() -> str:
             former = " (DeepSpeed's linear, fp32 adapter: their terms added)"
         lines.append(_row(variant, f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
                           f"{training.micro_batch}{former}", predicted, measured))
-    shape, training, spec, measured = long_seq_case()
-    predicted = plan_of(shape, H100X1, training, spec).gpu_allocated_bytes  # TRL's fused LM head, as the run
-    lines.append(_row(f"{Path(LONG_SEQ).name}/ours", f"3B at 131,072 tokens on 1 GPU: {describe(spec)} + Liger",
-                      predicted, measured))
+    for run, shape, training, spec, measured in long_seq_cases():
+        predicted = plan_of(shape, H100X1, training, spec).gpu_allocated_bytes  # TRL's fused LM head, as the run
+        lines.append(_row(run, f"3B at {training.seq_len:,} tokens on 1 GPU: {describe(spec)} + Liger", predicted,
+                          measured))
     return "\n".join(lines) + "\n"
 
 

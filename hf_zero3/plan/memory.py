@@ -34,11 +34,16 @@ LOGITS_BYTES_PER_VOCAB = 12
 """Per token and vocabulary entry at cross-entropy's backward: fp32 log-softmax output kept for backward,
 its incoming gradient and the fp32 gradient of the logits (transformers upcasts logits to fp32)."""
 
-OFFLOAD_IN_FLIGHT_LAYERS = 3
+OFFLOAD_IN_FLIGHT_LAYERS = 4
 """Activation offload (hf_zero3.model.activation_offload): checkpointed layer inputs on the GPU at once in backward,
-the one in use and the two prefetched (its PREFETCH_FACTOR); without checkpointing, about one layer's tensors.
-Measured on 2 x H200 (benchmarks study activation-offload): ~4 at the peak by the per-token
-slopes, 8 KiB/token more than planned, inside the plan's over-estimate of the peak (+2% to +9%): kept at 3."""
+the one in use, the two prefetched (its PREFETCH_FACTOR) and about one more not yet released: ~4 at the peak by the
+per-token slopes on 2 x H200 (benchmarks study activation-offload); without checkpointing, about one layer's tensors."""
+LIGER_BACKWARD_HIDDEN_GRADIENTS = 2
+"""With Liger (its SwiGLU backward writes the gradients into the tensors it saved), a recomputed dense layer's
+backward holds its saved tensors and about two hidden-wide gradients more, not a second copy of the layer: 101.5
+KB/token measured for the 3B shape (90.2 saved + 11.3) at 131,072 and 294,912 tokens, with and without activation
+offload (benchmarks studies long-seq-3b-h100 and long-seq-3b-h100-vs-stock). Without Liger, or with experts, the
+layer's gradients are planned whole (no long-sequence measurement)."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""
@@ -326,7 +331,7 @@ def kept_activation_terms(x: Breakdown, stored: int, per_layer: int, final_norm:
         n = min(L, OFFLOAD_IN_FLIGHT_LAYERS)
         x.add("gpu", "activations: checkpointed layer inputs in flight (rest offloaded)", t * n * b * H,
               f"{t} tokens x {n} layers x {b} B x {H}", "activation", phase="backward")
-        return stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
+        return recomputed_layer_backward(x, stored, per_layer)
     if spec.activation_checkpointing:
         n = L if spec.checkpointed_layers is None else min(L, spec.checkpointed_layers)
         x.add("gpu", "activations: checkpointed layer inputs", t * (n * b * H + final_norm),
@@ -334,7 +339,7 @@ def kept_activation_terms(x: Breakdown, stored: int, per_layer: int, final_norm:
         if n < L:  # gradient_checkpointing_layers: the last L - n layers keep everything
             x.add("gpu", f"activations: {L - n} layers stored (not checkpointed)", t * (L - n) * stored,
                   f"{t} tokens x {L - n} x {layer_text}", "activation", phase="backward")
-        return stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
+        return recomputed_layer_backward(x, stored, per_layer)
     if spec.activation_offload:
         x.add("gpu", "activations: one layer in flight (rest offloaded)", t * stored,
               f"{t} tokens x {layer_text}", "activation", phase="backward")
@@ -342,6 +347,16 @@ def kept_activation_terms(x: Breakdown, stored: int, per_layer: int, final_norm:
     x.add("gpu", f"activations: {L} layers stored", t * (L * stored + final_norm),
           f"{t} tokens x ({L} x {layer_text} + final norm {final_norm} B)", "activation", phase="backward")
     return per_layer, f"one layer's gradients: {per_layer} B"
+
+
+def recomputed_layer_backward(x: Breakdown, stored: int, per_layer: int) -> tuple[int, str]:
+    """Backward's working set per token through a checkpointed layer, and its formula: the recomputed layer's saved
+    tensors and its gradients (with Liger on a dense model, two hidden-wide ones: LIGER_BACKWARD_HIDDEN_GRADIENTS)."""
+    if x.training.liger and not x.shape.experts:
+        grads = LIGER_BACKWARD_HIDDEN_GRADIENTS * x.b * x.H
+        return stored + grads, (f"recomputed layer + {LIGER_BACKWARD_HIDDEN_GRADIENTS} hidden-wide gradients: {stored}"
+                                f" + {LIGER_BACKWARD_HIDDEN_GRADIENTS} x {x.b} B x {x.H}")
+    return stored + per_layer, f"recomputed layer + its gradients: {stored} + {per_layer} B"
 
 
 def activation_offload_terms(x: Breakdown, stored: int, final_norm: int) -> None:

@@ -227,10 +227,21 @@ def test_the_long_sequence_report_reads_each_run_and_names_the_longest_length_ea
     assert "ours 131,072, stock 65,536 (2.00x stock's length" in table
 
 
+def test_the_committed_long_sequence_comparison_reads_back_as_committed():
+    """The H100 comparison's runs as `gpu_long_seq_8b.sh` left them: a run that logged its steps and was then ended
+    by its time limit trained; one stopped from outside before a step has no result."""
+    folder = RESULTS / "2026-12-05_long-seq-3b-h100-vs-stock"
+    table = _load("long_seq_bench").report(folder, 3)
+    assert table == (folder / "long_seq.md").read_text()
+    assert "| stock 196,608 | trained 3 steps (then exit 124) | 66.1 |" in table
+    assert "| stock 229,376 | stopped from outside after 0 steps |" in table
+    assert "ours 294,912, stock 196,608 (1.50x stock's length" in table
+
+
 def test_the_stock_side_of_the_long_sequence_run_takes_the_least_offload_a_stock_script_can_set_that_fits():
     """The planner's options, fastest first: activation offload and checkpointing some layers only are ours, not a
     stock script's; the first fitting ZeRO-3 option with whole checkpointing gives its offload; our ds_config's
-    activation offload block goes."""
+    activation offload block goes, and its ZeRO section is the stock template's, not the planner's tuning."""
     bench = _load("long_seq_bench")
     option = dict(stage=3, checkpointing=True, activation_offload=False, offload_param="none", fits=True, problems=[],
                   offload_optimizer="cpu", offload_optimizer_pin_memory=True, gpu_bytes=1)
@@ -245,10 +256,13 @@ def test_the_stock_side_of_the_long_sequence_run_takes_the_least_offload_a_stock
          "offload_optimizer_ratio": 0.7},
     ]}
     ours = {"activation_checkpointing": {"cpu_checkpointing": True}, "bf16": {"enabled": True},
-            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.4}}}
-    stock = bench.stock_config(plan, ours)
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.4},
+                                  "stage3_param_persistence_threshold": 2**63 - 1}}
+    template = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}}
+    stock = bench.stock_config(plan, ours, template)
     assert stock == {"bf16": {"enabled": True}, "zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.7}}}
+        "stage": 3, "stage3_param_persistence_threshold": "auto",
+        "offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.7}}}
     for o in plan["options"]:  # none fits: the least GPU memory whose host RAM fits, to be tried
         o["fits"] = False
     plan["options"][3]["problems"] = ["host RAM needs 200 GB per node of 134 GB"]

@@ -287,7 +287,7 @@ def test_slurm_node_lists_and_the_slurm_launcher_are_refused_with_what_works(hos
         "scripts/slurm/train.sbatch" in problems({"HOSTFILE": str(hosts), "LAUNCHER": "slurm"})
 
 
-LONG = ["--target", "1x2x80GiB", str(ROOT / "recipes" / "8b"), "--block_size", "327680", "--attn_implementation",
+LONG = ["--target", "1x2x80GiB", str(ROOT / "recipes" / "8b"), "--block_size", "393216", "--attn_implementation",
         "sdpa", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1"]
 
 
@@ -295,13 +295,13 @@ def test_dry_run_plans_the_sequence_parallelism_a_long_block_size_needs(capsys):
     """A block size that fits no option as set: the dry run answers as `plan --seq-len` does."""
     assert main(LONG, {"DRY_RUN": "1"}) == 1  # the recipe's own config does not fit; the plan says what does
     out = capsys.readouterr().out
-    assert "length    sequence_parallel_size 1, tiled_compute false (327680 tokens per rank): does not fit" in out
-    assert "length    327680 tokens: per token" in out
+    assert "length    sequence_parallel_size 1, tiled_compute false (393216 tokens per rank): does not fit" in out
+    assert "length    393216 tokens: per token" in out
     assert "length    chosen: sequence_parallel_size 2" in out
     assert "--sequence_parallel_size 2" in plan_line(out, "TrainingArguments:")
     main([*LONG, "--stage", "dpo"], {"DRY_RUN": "1"})  # pairs: sequence parallelism runs stage sft only
     out = capsys.readouterr().out
-    assert "length    327680 tokens: per token" in out and "sequence_parallel_size 2" not in out
+    assert "length    393216 tokens: per token" in out and "sequence_parallel_size 2" not in out
 
 
 def test_dry_run_plans_one_ranks_share_under_sequence_parallelism_and_tiling(capsys):
@@ -310,7 +310,7 @@ def test_dry_run_plans_one_ranks_share_under_sequence_parallelism_and_tiling(cap
     main([*LONG, "--sequence_parallel_size", "2", "--tiled_compute", "true"], {"DRY_RUN": "1"})
     out = capsys.readouterr().out
     head = plan_line(out, "plan")
-    assert "seq 327680 (163840 per rank: sequence parallel 2)" in head and "tiled compute" in head
+    assert "seq 393216 (196608 per rank: sequence parallel 2)" in head and "tiled compute" in head
     assert "x 1 data-parallel ranks (2 ranks / sequence parallel 2) = global batch 1" in head
     assert "--sequence_parallel_size 2 --tiled_compute true" in plan_line(out, "TrainingArguments:")
     assert plan_line(out, "choice").endswith("x 1 data-parallel ranks (2 GPUs / sequence parallel 2) = global batch 1")

@@ -195,9 +195,9 @@ def test_plan_seq_len_names_the_sequence_parallel_size_and_tiling_that_fit(capsy
     from hf_zero3.cli import main
 
     node = ["plan", "--model", "meta-llama/Meta-Llama-3-8B", "--gpu-mem", "80GB", "--host-ram", "2TB"]
-    assert main([*node, "--gpus", "2", "--seq-len", "327680"]) == 0
+    assert main([*node, "--gpus", "2", "--seq-len", "393216"]) == 0
     out = capsys.readouterr().out
-    assert "length    sequence_parallel_size 2, tiled_compute true (163840 tokens per rank), all-to-all" in out, out
+    assert "length    sequence_parallel_size 2, tiled_compute true (196608 tokens per rank), all-to-all" in out, out
     assert "--sequence_parallel_size 2" in out and "--tiled_compute true" in out
     assert main([*node, "--gpus", "1", "--seq-len", "4194304"]) == 1
     assert "length    nothing fits 4194304 tokens on 1 GPU(s)" in capsys.readouterr().out
@@ -239,11 +239,11 @@ def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequen
     from hf_zero3.plan.types import Hardware, Training
     from hf_zero3.units import GB, gb
 
-    shape, long = _llama8b(), Training(327680)
+    shape, long = _llama8b(), Training(393216)
     frugal = ZeroSpec(**{**STANDALONE_CONFIGS["zero3_offload_optimizer"].model_dump(exclude_unset=True),
                          "activation_checkpointing": True, "activation_offload": True})
     one = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), long, frugal)
-    assert "The sequence (327680 tokens) is what does not fit" in one and "--tiled_compute true" in one
+    assert "The sequence (393216 tokens) is what does not fit" in one and "--tiled_compute true" in one
     assert "--sequence_parallel_size" not in one
     two = oom_advice(shape, Hardware(1, 2, 80 * GB, 2000 * GB), long, ZeroSpec(stage=3, activation_checkpointing=True))
     assert "--sequence_parallel_size 2; --tiled_compute true" in two and "2x the accumulation" in two
@@ -254,11 +254,11 @@ def test_the_oom_advice_answers_a_length_that_does_not_fit_with_tiling_or_sequen
     assert "--tiled_compute true" in shared and "--sequence_parallel_size" not in shared
     from hf_zero3.plan.preference import preference_of
 
-    pairs = oom_advice(shape, node, Training(327680, preference=preference_of("dpo")), frugal)
+    pairs = oom_advice(shape, node, Training(393216, preference=preference_of("dpo")), frugal)
     assert "--sequence_parallel_size" not in pairs  # sequence parallelism runs SFT only
-    pairs = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), Training(131072, preference=preference_of("dpo")),
+    pairs = oom_advice(shape, Hardware(1, 1, 141 * GB, 2000 * GB), Training(196608, preference=preference_of("dpo")),
                        frugal)
-    assert "The sequence (131072 tokens) is what does not fit" in pairs and pairs.endswith("--tiled_compute true")
+    assert "The sequence (196608 tokens) is what does not fit" in pairs and pairs.endswith("--tiled_compute true")
 
 
 def test_the_oom_advice_of_a_run_plans_its_sequence_parallelism_and_tiling(monkeypatch):
@@ -292,7 +292,7 @@ def test_the_oom_advice_of_a_length_scales_the_accumulation_from_the_runs_own_se
     from hf_zero3.units import GB
 
     node = Hardware(1, 8, 80 * GB, 2000 * GB)  # sp 2 -> 8: 4 data-parallel ranks become 1, 4x the accumulation
-    advice = oom_advice(_llama8b(), node, Training(1048576, 1, 2), ZeroSpec(stage=3, activation_checkpointing=True),
+    advice = oom_advice(_llama8b(), node, Training(1572864, 1, 2), ZeroSpec(stage=3, activation_checkpointing=True),
                         sequence_parallel=2)
     assert "--sequence_parallel_size 8" in advice and "4x the accumulation" in advice
     assert "--gradient_accumulation_steps 8 (same global batch)" in advice
@@ -306,7 +306,7 @@ def test_the_oom_advice_of_a_length_moves_a_larger_micro_batch_to_the_one_it_pre
     from hf_zero3.units import GB
 
     # micro 2 x accumulation 3 on 2 GPUs (global 12) -> sp 2 at micro 1 (the prediction's): 1 x 12 x 1 rank
-    advice = oom_advice(_llama8b(), Hardware(1, 2, 80 * GB, 2000 * GB), Training(327680, 2, 3),
+    advice = oom_advice(_llama8b(), Hardware(1, 2, 80 * GB, 2000 * GB), Training(393216, 2, 3),
                         ZeroSpec(stage=3, activation_checkpointing=True))
     assert "--sequence_parallel_size 2" in advice
     assert "--per_device_train_batch_size 1 --gradient_accumulation_steps 12 (same global batch" in advice

@@ -366,7 +366,7 @@ def test_nothing_fits_names_the_gpu_memory_needed():
     choice = choose(S70, _gpus(1, 1, 8 * GB, 64 * GB), 4096, trainer=STOCK)  # checkpointed activations alone exceed 8 GB
     assert not choice.fits and choice.plan is None
     error_naming(choice.advice, "most frugal option", "offload optimizer (cpu) and params (cpu)", "activation offload",
-                 "micro batch 1", "10.0 GB per GPU")
+                 "micro batch 1", "10.1 GB per GPU")
     assert "pass --nvme-path" in choice.advice
 
 

@@ -128,14 +128,16 @@ def test_plan_cli_uses_liger_when_installed(capsys, monkeypatch):
 
 S7 = load_shape("7b")
 H200 = Hardware(1, 1, 141 * 2**30, 125 * 2**30)
+H200X1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)  # the h200x1 profile
 PARTIAL = "benchmarks/results/2026-12-01_partial-ckpt-7b-1gpu/report.md"
 
 
 def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step_measured_faster():
     """Two measured steps, each within one lease. Without checkpointing a 7B fits one H200 only at micro 1; with it,
     micro 8 ran 1.07x that (ZeRO-3's per-micro-step cost paid twice instead of 16 times). Checkpointing only the
-    first 8 layers at micro 2 (the fewest that fit) then ran 1.15x micro 8 with all of them (less recompute)."""
-    choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
+    first 8 layers at micro 2 (the fewest that fit the h200x1 profile's 140 GiB) then ran 1.15x micro 8 with all of
+    them (less recompute)."""
+    choice = choose(S7, H200X1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
     p = choice.plan
     assert (p.label, p.training.micro_batch, p.training.grad_accum) == (
         "ZeRO-3 + checkpointing (first 8 layers)", 2, 8)
@@ -146,22 +148,22 @@ def test_one_h200_7b_checkpoints_the_first_8_layers_at_micro_2_because_each_step
     assert choice.training_args["gradient_checkpointing_layers"] == 8
     assert choice.ds_config["train_micro_batch_size_per_gpu"] == 2
     without_partial = tuple(m for m in MEASURED if m.source != PARTIAL)
-    alone = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial, trainer=STOCK)
+    alone = choose(S7, H200X1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=without_partial,
+                   trainer=STOCK)
     assert (alone.plan.label, alone.plan.training.micro_batch) == ("ZeRO-3 + checkpointing", 8)
     assert alone.speed.startswith("ZeRO-3 + Liger + checkpointing micro 8 ")
     error_naming(alone.speed, "by measured speed", "10,089 vs 9,410")
 
 
 def test_fewer_checkpointed_layers_than_measured_count_the_row_with_more_as_a_lower_bound():
-    """140 GiB (the h200x1 profile) fits 9 checkpointed layers at micro 2, not 8; the row with 12 (more recompute)
-    bounds it from below, and it beats micro 8 with all layers: chosen, and the reason says "at least"."""
-    h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
-    choice = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
-    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (9, 2)
-    error_naming(choice.speed, "at least 11,289", "12 layers", "vs 10,190")
+    """141 GiB fits 7 checkpointed layers at micro 2; the row with 8 (more recompute) bounds it from below, and it
+    beats micro 8 with all layers: chosen, and the reason says "at least"."""
+    choice = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK)
+    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (7, 2)
+    error_naming(choice.speed, "at least 11,680", "8 layers", "vs 10,190")
     slow = tuple(dataclasses.replace(m, tokens_per_s=9_000) if m.source == PARTIAL and m.checkpointed_layers else m
                  for m in MEASURED)  # a bound below the full-checkpointing row decides nothing
-    kept = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow, trainer=STOCK)
+    kept = choose(S7, H200, 4096, global_batch=16, load_bytes=4, liger=True, speed_table=slow, trainer=STOCK)
     assert (kept.plan.spec.checkpointed_layers, kept.plan.training.micro_batch) == (None, 8)
 
 
@@ -171,10 +173,10 @@ def test_partial_checkpointing_is_only_planned_where_checkpointing_is_needed():
     tried = choose(S7, H200, 4096, global_batch=16, liger=True, trainer=STOCK).tried
     partial = {p.training.micro_batch: p for p in tried if p.spec.checkpointed_layers and p.spec.stage == 3
                and "offload" not in p.label}
-    assert 1 not in partial and partial[2].spec.checkpointed_layers == 8 and partial[2].fits
+    assert 1 not in partial and partial[2].spec.checkpointed_layers == 7 and partial[2].fits
     from hf_zero3.plan.memory import plan
 
-    one_fewer = partial[2].spec.model_copy(update={"checkpointed_layers": 7})
+    one_fewer = partial[2].spec.model_copy(update={"checkpointed_layers": 6})
     assert not plan(S7, H200, partial[2].training, one_fewer).fits
 
 
@@ -221,10 +223,9 @@ def test_the_7b_readme_runs_what_the_planner_chooses_for_one_h200(capsys):
 def test_after_an_oom_with_partial_checkpointing_the_next_step_checkpoints_every_layer():
     from hf_zero3.plan.advice import oom_advice
 
-    h200x1 = Hardware(1, 1, 140 * 2**30, 125 * 2**30)
-    best = choose(S7, h200x1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK).plan
-    advice = oom_advice(S7, h200x1, best.training, best.spec)
-    assert "(ZeRO-3 + checkpointing (first 9 layers), micro batch 2)" in advice
+    best = choose(S7, H200X1, 4096, global_batch=16, load_bytes=4, liger=True, trainer=STOCK).plan
+    advice = oom_advice(S7, H200X1, best.training, best.spec)
+    assert "(ZeRO-3 + checkpointing (first 8 layers), micro batch 2)" in advice
     assert advice.endswith("--gradient_checkpointing_layers null")
     error_naming(advice.splitlines()[-1], "ZeRO-3 + checkpointing, micro batch 2", "--gradient_checkpointing_layers")
 
@@ -233,18 +234,18 @@ def test_plan_cli_says_how_to_get_partial_checkpointing_in_a_plain_trainer_scrip
     assert main(["plan", "--model", "7b", "--hardware", "h200x1", "--global-batch", "16", "--liger",
                  "--trainer", STOCK]) == 0  # a plain Trainer script: transformers' loss
     out = capsys.readouterr().out
-    assert "--gradient_checkpointing_layers 9 " in out
-    assert "trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback(9))" in out
+    assert "--gradient_checkpointing_layers 8 " in out
+    assert "trainer.add_callback(hf_zero3.callbacks.PartialCheckpointingCallback(8))" in out
 
 
 def test_a_measured_partial_plan_can_replace_a_choice_without_checkpointing():
     """8B on 2 x H200, global batch 12: recipe 8b v2 runs micro 3 without checkpointing; micro 6 fits with the first
-    15 layers checkpointed. A row saying that runs faster (same file as the v2 row) makes it the choice; without
+    14 layers checkpointed. A row saying that runs faster (same file as the v2 row) makes it the choice; without
     one, nothing changes."""
     v2 = next(m for m in MEASURED if m.config.startswith("ours: recipe 8b v2"))
     assert choose(S8, H200X2, 4096, global_batch=12, liger=True, trainer=STOCK).plan.spec.activation_checkpointing is False
-    faster = Measurement(v2.params, 4096, 2, 140.0, 3, True, True, 6, 10_500, v2.source, "p6_15: test row", 15)
+    faster = Measurement(v2.params, 4096, 2, 140.0, 3, True, True, 6, 10_500, v2.source, "p6_14: test row", 14)
     choice = choose(S8, H200X2, 4096, global_batch=12, liger=True, speed_table=(*MEASURED, faster), trainer=STOCK)
-    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (15, 6)
-    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 15 layers) micro 6 ")
+    assert (choice.plan.spec.checkpointed_layers, choice.plan.training.micro_batch) == (14, 6)
+    assert choice.speed.startswith("ZeRO-3 + Liger + checkpointing (first 14 layers) micro 6 ")
     error_naming(choice.speed, "by measured speed", "10,500 vs 10,121")
