@@ -40,6 +40,11 @@ os.makedirs(sys.argv[2], exist_ok=True)
 json.dump(config, open(os.path.join(sys.argv[2], "config.json"), "w"), indent=2)
 PY
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
+# Arguments the planner refuses (exit 2: a hardware profile or flag it does not know) end the script before any run.
+first=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | head -1)
+HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$first" \
+  --micro-batch 1 --liger ${PLAN_ARGS:-} --json > /dev/null 2> "$work/plan_check.txt"
+[ $? = 2 ] && { tee -a "$out/long.log" < "$work/plan_check.txt"; exit 2; }
 [ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
 for spec in ${RUNS:-ours:155648 stock:155648}; do
   IFS=: read -r side length <<<"$spec"

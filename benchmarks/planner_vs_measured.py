@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 from hf_zero3.config.presets import RECIPE_CONFIGS, STANDALONE_CONFIGS
@@ -150,6 +151,40 @@ def long_seq_cases() -> list[tuple[str, ModelShape, Training, ZeroSpec, float]]:
     return cases
 
 
+# Checkpointed `hf-zero3 bench` runs on one H200: the 7B shape built from a config (fp32 at load), seq 4096, global
+# batch 16; every variant whose resolved configuration (the report's "Resolved configurations") checkpoints.
+CHECKPOINTED_BENCH = ["results/2026-12-01_ckpt-micro-7b-1gpu", "results/2026-12-01_partial-ckpt-7b-1gpu"]
+ONE_H200 = Hardware(nodes=1, gpus_per_node=1, gpu_mem=141 * GiB, host_ram=125 * GiB)
+
+
+def resolved_configs(report: Path) -> dict[str, dict]:
+    """variant -> its resolved configuration: the JSON block under `### variant` of a bench report."""
+    blocks = re.findall(r"^### (\S+)\n\n```json\n(.*?)\n```", report.read_text(), re.MULTILINE | re.DOTALL)
+    return {name: json.loads(block) for name, block in blocks}
+
+
+def checkpointed_bench_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
+    """(call/variant, training, spec, measured peak allocated GiB) of each checkpointed variant that logged a peak."""
+    from hf_zero3.config.convert import spec_from_ds_config
+
+    cases = []
+    for report in sorted(p for study in CHECKPOINTED_BENCH for p in (HERE / study).glob("*/p7/*_proof.md")):
+        rows = [current_names(json.loads(line)) for line in report.with_suffix(".jsonl").read_text().splitlines()]
+        for variant, resolved in resolved_configs(report).items():
+            args = resolved.get("training", {})
+            peaks = [r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and
+                     "gpu_peak_allocated_gib" in r]
+            if not args.get("gradient_checkpointing") or not peaks:
+                continue
+            spec = _spec(spec_from_ds_config(resolved["ds_config"])[0], activation_checkpointing=True,
+                         checkpointed_layers=args.get("gradient_checkpointing_layers"))
+            training = Training(resolved["data"]["block_size"], args["per_device_train_batch_size"],
+                                args["gradient_accumulation_steps"], liger=bool(args.get("use_liger_kernel")),
+                                load_bytes=4)
+            cases.append((f"{report.parents[2].name}/{report.parents[1].name}/{variant}", training, spec, max(peaks)))
+    return cases
+
+
 def bench_peak_gib(jsonl: str, variant: str) -> float:
     rows = [current_names(json.loads(line)) for line in (HERE / jsonl).read_text().splitlines()]
     return max(r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and "gpu_peak_allocated_gib" in r)
@@ -188,6 +223,10 @@ def gpu_table() -> str:
             former = " (DeepSpeed's linear, fp32 adapter: their terms added)"
         lines.append(_row(variant, f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
                           f"{training.micro_batch}{former}", predicted, measured))
+    for run, training, spec, measured in checkpointed_bench_cases():
+        predicted = plan(load_shape("7b"), ONE_H200, training, spec).gpu_allocated_bytes
+        lines.append(_row(run, f"7B on 1 GPU: {describe(spec)}{' + Liger' if training.liger else ''}, micro "
+                          f"{training.micro_batch}", predicted, measured))
     for run, shape, training, spec, measured in long_seq_cases():
         predicted = plan_of(shape, H100X1, training, spec).gpu_allocated_bytes  # TRL's fused LM head, as the run
         lines.append(_row(run, f"3B at {training.seq_len:,} tokens on 1 GPU: {describe(spec)} + Liger", predicted,

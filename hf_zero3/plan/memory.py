@@ -42,8 +42,9 @@ LIGER_BACKWARD_HIDDEN_GRADIENTS = 2
 """With Liger (its SwiGLU backward writes the gradients into the tensors it saved), a recomputed dense layer's
 backward holds its saved tensors and about two hidden-wide gradients more, not a second copy of the layer: 101.5
 KB/token measured for the 3B shape (90.2 saved + 11.3) at 131,072 and 294,912 tokens, with and without activation
-offload (benchmarks studies long-seq-3b-h100 and long-seq-3b-h100-vs-stock). Without Liger, or with experts, the
-layer's gradients are planned whole (no long-sequence measurement)."""
+offload (benchmarks studies long-seq-3b-h100 and long-seq-3b-h100-vs-stock); the checkpointed 7B runs on one H200
+plan 0.6-3.5% above what they measured with it. Without Liger, or with experts, the layer's gradients are planned
+whole (no long-sequence measurement)."""
 PCIE_BYTES_PER_S = 25 * GB
 """Pinned host<->GPU copy rate per GPU assumed for the PCIe time of activation offload (PCIe 4.0 x16 measures
 ~25 GB/s, 5.0 ~50): the copies overlap compute on side streams, so this is what the step must be longer than."""

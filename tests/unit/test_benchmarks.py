@@ -24,6 +24,15 @@ def test_the_planner_vs_measured_tables_are_regenerated_from_the_records():
         "stale: run `python benchmarks/planner_vs_measured.py` and commit benchmarks/results/planner_vs_measured.md"
 
 
+def test_no_committed_gpu_run_peaked_above_its_plan():
+    """The planner errs high or nowhere: every committed GPU run's peak allocation is within its plan (0.5% for
+    rounding). A change that plans less than a run measured fails here with that run's row."""
+    table = _load("planner_vs_measured").gpu_table()
+    errors = {line.split(" | ")[0]: float(line.rsplit("|", 2)[1].strip().rstrip("%")) for line in
+              table.splitlines()[2:]}
+    assert len(errors) > 40 and all(error >= -0.5 for error in errors.values()), errors
+
+
 def test_the_8b_comparison_rows_are_those_of_its_bench_reports():
     """The 8b-vs-stock study's table quotes its bench runs: each row's tokens/s, MFU and peak memory are a row of one of
     the bench reports in the same folder."""
