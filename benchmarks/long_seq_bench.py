@@ -99,15 +99,25 @@ def _cell(value, form: str) -> str:
     return "-" if value is None else format(value, form)
 
 
+def _result(r: dict, wanted_steps: int) -> str:
+    """A run's outcome: its steps trained count whatever ended it after them (a time limit while shutting down)."""
+    if r["steps"] >= wanted_steps:
+        return f"trained {r['steps']} steps" + ("" if r["rc"] == "0" else f" (then exit {r['rc']})")
+    if r["oom"]:
+        return "out of memory"
+    if r["rc"] == "no plan":
+        return "planned not to fit"
+    if r["rc"] == "?":  # no rc.txt: the script itself was stopped during the run
+        return f"stopped from outside after {r['steps']} steps"
+    return f"exit {r['rc']} after {r['steps']} steps"
+
+
 def report(work: Path, wanted_steps: int) -> str:
     rows = [run_row(f) for f in sorted((work / "runs").iterdir()) if f.is_dir() and f.name.count("_") == 2]
     lines = ["| run | result | step s (median after the first) | tokens/s | torch peak allocated GiB | planned GiB | "
              "reserved GiB | nvidia-smi peak GiB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        result = (f"trained {r['steps']} steps" + ("" if r["rc"] == "0" else f" (then exit {r['rc']})")
-                  if r["steps"] >= wanted_steps else "out of memory" if r["oom"] else "planned not to fit" if r["rc"] == "no plan"
-                  else f"stopped from outside after {r['steps']} steps" if r["rc"] == "?"
-                  else f"exit {r['rc']} after {r['steps']} steps")
+        result = _result(r, wanted_steps)
         rate = r["length"] / r["step_s"] if r["step_s"] else None
         cells = [_cell(r["step_s"], ".1f"), _cell(rate, ",.0f")] + [_cell(r[k], ".1f") for k in
                                                                   ("allocated", "planned", "reserved", "smi")]
