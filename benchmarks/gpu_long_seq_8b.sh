@@ -8,13 +8,14 @@
 # length each side trained at.
 # The model: Llama-3.1-8B's shape and positions, random weights (MODEL=folder for another config).
 # Raw text (the tiny corpus, repeated) in full blocks of L tokens, micro batch 1, STEPS optimizer steps per run.
-# Usage, from the repository root:  RUNS="ours:155648 stock:155648" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
+# Usage, from the repository root:  RUNS="ours:196608 stock:196608" STEPS=3 bash benchmarks/gpu_long_seq_8b.sh OUT
 # A run is side:length. Each run sits in its own timeout (RUN_TIMEOUT s); a stock run at a length that does not fit
 # ends in an out-of-memory error, which is its result.
 # CPU plumbing check: MODEL=assets/tiny/model PLAN_ARGS="--precision fp32" EXTRA="--bf16 false" RUNS="ours:256 stock:256"
 set -uo pipefail
 source benchmarks/common.sh || exit 1
 out=${1:?OUT_DIR}; work=${WORK:-/tmp/long-seq}; steps=${STEPS:-3}
+runs=${RUNS:-ours:196608 stock:196608}  # the planned length of both on the single-H200 box
 mkdir -p "$out" "$work/runs"
 save_runs() {
   cp "${run:-}/out/train_log.jsonl" "${run:-}/" 2>/dev/null; tar -C "$work" --exclude=out -czf "$out/runs.tgz" runs
@@ -25,7 +26,7 @@ trap '[ -n "${child:-}" ] && kill -TERM "$child" && wait "$child"; kill "${sampl
 llama3_8b_config
 # Llama-3.1-8B's positions (131072, its rope scaling) unless MODEL names a config; either way at least the longest
 # run's positions, in a copy (block_size is checked against them).
-longest=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | sort -n | tail -1)
+longest=$(for spec in $runs; do echo "${spec#*:}"; done | sort -n | tail -1)
 base=${MODEL:-outputs/llama3-8b}; MODEL=$work/$(basename "$base")-$longest
 python3 - "$base/config.json" "$MODEL" "$longest" "${base#outputs/llama3-8b}" <<'PY'
 import json, os, sys
@@ -41,12 +42,12 @@ json.dump(config, open(os.path.join(sys.argv[2], "config.json"), "w"), indent=2)
 PY
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; git rev-parse HEAD; python3 -c "import torch, transformers, trl, deepspeed, accelerate, liger_kernel; print(torch.__version__, transformers.__version__, trl.__version__, deepspeed.__version__, accelerate.__version__)"; } > "$out/gpu.txt" 2>&1
 # Arguments the planner refuses (exit 2: a hardware profile or flag it does not know) end the script before any run.
-first=$(for spec in ${RUNS:-x:155648}; do echo "${spec#*:}"; done | head -1)
+first=$(for spec in $runs; do echo "${spec#*:}"; done | head -1)
 HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$first" \
   --micro-batch 1 --liger ${PLAN_ARGS:-} --json > /dev/null 2> "$work/plan_check.txt"
 [ $? = 2 ] && { tee -a "$out/long.log" < "$work/plan_check.txt"; exit 2; }
 [ -f "$work/corpus.txt" ] || for i in 1 2 3; do cat assets/tiny/corpus/train.txt; done > "$work/corpus.txt"
-for spec in ${RUNS:-ours:155648 stock:155648}; do
+for spec in $runs; do
   IFS=: read -r side length <<<"$spec"
   run="$work/runs/$(printf %02d "$(ls "$work/runs" | wc -l)")_${side}_$length"; mkdir -p "$run"
   HF_HUB_OFFLINE=1 python3 -m hf_zero3 plan --model $MODEL --hardware ${HARDWARE:-h200x1} --seq-len "$length" \

@@ -10,7 +10,7 @@
   docs/long-sequences.md).
 Usage:  python3 benchmarks/long_seq_bench.py stock-config PLAN.json DS_CONFIG.json (rewritten in place)
         python3 benchmarks/long_seq_bench.py report WORK_DIR OUT.md [STEPS]   (the script runs it after every run)
-        python3 benchmarks/long_seq_bench.py lengths MODEL L [L ...] -- PLAN_ARGS   (e.g. 8b 155648 163840 --
+        python3 benchmarks/long_seq_bench.py lengths MODEL L [L ...] -- PLAN_ARGS   (e.g. 8b 196608 212992 --
         --hardware h200x1 --liger)
 """
 
