@@ -27,11 +27,11 @@ llama3_8b_config
 # Llama-3.1-8B's positions (131072, its rope scaling) unless MODEL names a config; either way at least the longest
 # run's positions, in a copy (block_size is checked against them).
 longest=$(for spec in $runs; do echo "${spec#*:}"; done | sort -n | tail -1)
-base=${MODEL:-outputs/llama3-8b}; MODEL=$work/$(basename "$base")-$longest
-python3 - "$base/config.json" "$MODEL" "$longest" "${base#outputs/llama3-8b}" <<'PY'
+template=${MODEL:+given}; base=${MODEL:-outputs/llama3-8b}; MODEL=$work/$(basename "$base")-$longest
+python3 - "$base/config.json" "$MODEL" "$longest" "${template:-llama31}" <<'PY'
 import json, os, sys
 config = json.load(open(sys.argv[1]))
-if not sys.argv[4]:  # the 8B template: Llama-3.1's rope scaling
+if sys.argv[4] == "llama31":  # the 8B template: Llama-3.1's rope scaling
     theta = config.pop("rope_parameters", {}).get("rope_theta") or config.pop("rope_theta", 500000.0)
     config.pop("rope_scaling", None)  # transformers 5 reads rope_parameters (a legacy rope_scaling loses rope_theta)
     config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": theta, "factor": 8.0, "low_freq_factor": 1.0,

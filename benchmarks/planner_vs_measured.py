@@ -151,10 +151,12 @@ def long_seq_cases() -> list[tuple[str, ModelShape, Training, ZeroSpec, float]]:
     return cases
 
 
-# Checkpointed `hf-zero3 bench` runs on one H200: the 7B shape built from a config (fp32 at load), seq 4096, global
-# batch 16; every variant whose resolved configuration (the report's "Resolved configurations") checkpoints.
-CHECKPOINTED_BENCH = ["results/2026-12-01_ckpt-micro-7b-1gpu", "results/2026-12-01_partial-ckpt-7b-1gpu"]
-ONE_H200 = Hardware(nodes=1, gpus_per_node=1, gpu_mem=141 * GiB, host_ram=125 * GiB)
+# Checkpointed `hf-zero3 bench` runs, models built from a config (fp32 at load), seq 4096: the 7B on one H200 at global
+# batch 16, and recipe 13b's proof on two; every variant whose resolved configuration (the report's "Resolved
+# configurations") checkpoints. (report glob, model, GPUs)
+CHECKPOINTED_BENCH = [("results/2026-12-01_ckpt-micro-7b-1gpu/*/p7/*_proof.md", "7b", 1),
+                      ("results/2026-12-01_partial-ckpt-7b-1gpu/*/p7/*_proof.md", "7b", 1),
+                      ("results/2026-11-30_recipes-proof-repeat/13b_*_proof.md", "13b", 2)]
 
 
 def resolved_configs(report: Path) -> dict[str, dict]:
@@ -163,25 +165,28 @@ def resolved_configs(report: Path) -> dict[str, dict]:
     return {name: json.loads(block) for name, block in blocks}
 
 
-def checkpointed_bench_cases() -> list[tuple[str, Training, ZeroSpec, float]]:
-    """(call/variant, training, spec, measured peak allocated GiB) of each checkpointed variant that logged a peak."""
+def checkpointed_bench_cases() -> list[tuple[str, str, int, Training, ZeroSpec, float]]:
+    """(run, model, GPUs, training, spec, measured peak allocated GiB) of each checkpointed variant that logged a
+    peak; run is the report's folder under results/ and the variant."""
     from hf_zero3.config.convert import spec_from_ds_config
 
     cases = []
-    for report in sorted(p for study in CHECKPOINTED_BENCH for p in (HERE / study).glob("*/p7/*_proof.md")):
-        rows = [current_names(json.loads(line)) for line in report.with_suffix(".jsonl").read_text().splitlines()]
-        for variant, resolved in resolved_configs(report).items():
-            args = resolved.get("training", {})
-            peaks = [r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and
-                     "gpu_peak_allocated_gib" in r]
-            if not args.get("gradient_checkpointing") or not peaks:
-                continue
-            spec = _spec(spec_from_ds_config(resolved["ds_config"])[0], activation_checkpointing=True,
-                         checkpointed_layers=args.get("gradient_checkpointing_layers"))
-            training = Training(resolved["data"]["block_size"], args["per_device_train_batch_size"],
-                                args["gradient_accumulation_steps"], liger=bool(args.get("use_liger_kernel")),
-                                load_bytes=4)
-            cases.append((f"{report.parents[2].name}/{report.parents[1].name}/{variant}", training, spec, max(peaks)))
+    for pattern, model, gpus in CHECKPOINTED_BENCH:
+        for report in sorted(HERE.glob(pattern)):
+            rows = [current_names(json.loads(line)) for line in report.with_suffix(".jsonl").read_text().splitlines()]
+            folder = "/".join(p for p in report.parent.relative_to(HERE / "results").parts if p != "p7")
+            for variant, resolved in resolved_configs(report).items():
+                args = resolved.get("training", {})
+                peaks = [r["gpu_peak_allocated_gib"] for r in rows if r["variant"] == variant and
+                         "gpu_peak_allocated_gib" in r]
+                if not args.get("gradient_checkpointing") or not peaks:
+                    continue
+                spec = _spec(spec_from_ds_config(resolved["ds_config"])[0], activation_checkpointing=True,
+                             checkpointed_layers=args.get("gradient_checkpointing_layers"))
+                training = Training(resolved["data"]["block_size"], args["per_device_train_batch_size"],
+                                    args["gradient_accumulation_steps"], liger=bool(args.get("use_liger_kernel")),
+                                    load_bytes=4)
+                cases.append((f"{folder}/{variant}", model, gpus, training, spec, max(peaks)))
     return cases
 
 
@@ -223,10 +228,11 @@ def gpu_table() -> str:
             former = " (DeepSpeed's linear, fp32 adapter: their terms added)"
         lines.append(_row(variant, f"LoRA r 16 on 1 GPU: {describe(spec)} + Liger, micro "
                           f"{training.micro_batch}{former}", predicted, measured))
-    for run, training, spec, measured in checkpointed_bench_cases():
-        predicted = plan(load_shape("7b"), ONE_H200, training, spec).gpu_allocated_bytes
-        lines.append(_row(run, f"7B on 1 GPU: {describe(spec)}{' + Liger' if training.liger else ''}, micro "
-                          f"{training.micro_batch}", predicted, measured))
+    for run, model, gpus, training, spec, measured in checkpointed_bench_cases():
+        hardware = Hardware(nodes=1, gpus_per_node=gpus, gpu_mem=141 * GiB, host_ram=125 * GiB)
+        predicted = plan(load_shape(model), hardware, training, spec).gpu_allocated_bytes
+        lines.append(_row(run, f"{model.upper()} on {gpus} GPU{'s' if gpus > 1 else ''}: {describe(spec)}"
+                          f"{' + Liger' if training.liger else ''}, micro {training.micro_batch}", predicted, measured))
     for run, shape, training, spec, measured in long_seq_cases():
         predicted = plan_of(shape, H100X1, training, spec).gpu_allocated_bytes  # TRL's fused LM head, as the run
         lines.append(_row(run, f"3B at {training.seq_len:,} tokens on 1 GPU: {describe(spec)} + Liger", predicted,
